@@ -1,0 +1,17 @@
+"""No attention: every token keeps its own value and nothing mixes across the sequence.
+
+The "none" row of the YOSO and Nystromformer LRA tables: it measures how much a task can be solved
+without any token mixing (the encoder's MLPs and mean pooling still see every token).
+"""
+
+from __future__ import annotations
+
+from ._checks import check_inputs, zero_masked_queries
+from .registry import Attention, register
+
+
+@register("none")
+class NoAttention(Attention):
+    def forward(self, q, k, v, mask=None):
+        check_inputs(q, k, v, mask)
+        return zero_masked_queries(v, mask)

@@ -1,0 +1,1 @@
+"""lra: the Long Range Arena benchmark (data, model, training, results) for the attention zoo."""

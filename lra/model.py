@@ -1,0 +1,104 @@
+"""The LRA encoder of the Nystromformer and YOSO papers' Long Range Arena experiments.
+
+Token and learned absolute position embeddings (both N(0, 0.02)), dropout, then pre-LayerNorm
+blocks ``x + Dropout(Attention(LN(x)))`` and ``x + MLP(LN(x))`` with a GELU MLP, a final LayerNorm
+whose output is zeroed at padded positions, mean pooling, and a two-layer ReLU classifier head.
+The paper's sizes are the defaults: 2 layers, width 64, 2 heads of 32, FFN 128, dropout 0.1.
+
+Mean pooling follows the original code: the sum over real tokens divided by the padded length
+(``mean`` over every position after padded positions were zeroed), not a masked mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from attention_zoo import MultiHeadAttention
+
+
+class EncoderBlock(nn.Module):
+    def __init__(
+        self, dim, num_heads, head_dim, ffn_dim, dropout, seq_len, attention, attention_hparams, attention_in_fp32
+    ):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = MultiHeadAttention(
+            dim,
+            num_heads,
+            attention,
+            seq_len=seq_len,
+            head_dim=head_dim,
+            attention_in_fp32=attention_in_fp32,
+            **attention_hparams,
+        )
+        self.attention_dropout = nn.Dropout(dropout)
+        self.mlp_norm = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LRAEncoder(nn.Module):
+    """Token ids ``(batch, seq)`` -> pooled features ``(batch, dim)``; id 0 is padding."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        attention: str = "softmax",
+        attention_hparams: dict[str, Any] | None = None,
+        dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 2,
+        head_dim: int = 32,
+        ffn_dim: int = 128,
+        dropout: float = 0.1,
+        attention_in_fp32: bool = True,
+    ) -> None:
+        super().__init__()
+        self.seq_len = seq_len
+        self.token_embedding = nn.Embedding(vocab_size, dim)
+        self.position_embedding = nn.Embedding(seq_len, dim)
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.position_embedding.weight, std=0.02)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(
+                dim, num_heads, head_dim, ffn_dim, dropout, seq_len, attention, attention_hparams or {}, attention_in_fp32
+            )
+            for _ in range(depth)
+        )
+        self.final_norm = nn.LayerNorm(dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.dim() != 2 or input_ids.shape[1] > self.seq_len:
+            raise ValueError(
+                f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}"
+            )
+        mask = input_ids != 0  # (b, n)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))  # (b, n, dim)
+        for block in self.blocks:
+            x = block(x, mask)
+        x = self.final_norm(x) * mask[..., None]  # (b, n, dim)
+        return x.mean(dim=1)  # (b, dim)
+
+
+class LRAClassifier(nn.Module):
+    """The encoder with the two-layer classifier head: token ids -> class logits."""
+
+    def __init__(self, num_classes: int, encoder: LRAEncoder, hidden_dim: int = 128) -> None:
+        super().__init__()
+        self.encoder = encoder
+        dim = encoder.token_embedding.embedding_dim
+        self.head = nn.Sequential(nn.Linear(dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(input_ids))  # (b, num_classes)

@@ -1,0 +1,77 @@
+"""The per-run ``results.json``: what ran, on what, and how well."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import resource
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_FILE = "results.json"
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short, stable hash of the settings that define a run's result."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_commit() -> str:
+    """The commit of the checkout this code runs from, with ``-dirty`` for uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """Peak memory of this run and what was measured: CUDA allocations on a GPU, else the process's max RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write(path: Path, record: dict[str, Any]) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    path = Path(path)
+    staging = path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **record}, indent=2, default=str) + "\n")
+    os.replace(staging, path)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

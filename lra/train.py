@@ -1,0 +1,195 @@
+"""Train and test one LRA cell: ``python -m lra.train [task=...] [attention=...] [overrides]``.
+
+The run trains for the task's ``max_steps``, evaluates every ``val_check_interval`` steps on
+``limit_val_batches`` shuffled validation batches, keeps the best-validation checkpoint, tests it on
+the whole test set and writes ``results.json`` into the run's output folder. The folder is named by
+the task, the attention and the command-line overrides, so re-running a finished cell with the same
+settings is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pytorch_lightning as pl
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
+
+import attention_zoo
+
+from . import results
+from .datamodule import LRADataModule
+from .model import LRAClassifier, LRAEncoder
+from .module import LRAClassificationModule
+
+log = logging.getLogger(__name__)
+
+# The run folder of a command without overrides is ".../default" rather than the parent folder.
+OmegaConf.register_new_resolver("lra_run_name", lambda overrides: overrides or "default", replace=True)
+
+# Deliberate choices of the protocol that Lightning would otherwise warn about on every run:
+# zero loader workers on a CPU (workers would compete with the model for the cores) and shuffled
+# validation batches (each evaluation sees a fresh random subset, like the original dev stream).
+warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
+
+
+def defining_config(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that determine a run's result (not where it writes or on which device)."""
+    keys = ("task", "attention", "model", "seed")
+    return {key: OmegaConf.to_container(cfg, resolve=True)[key] for key in keys}
+
+
+def build_module(cfg: DictConfig) -> LRAClassificationModule:
+    task, model, protocol = cfg.task, cfg.model, cfg.task.protocol
+    encoder = LRAEncoder(
+        vocab_size=task.vocab_size,
+        seq_len=task.seq_len,
+        attention=cfg.attention.name,
+        attention_hparams=OmegaConf.to_container(cfg.attention.hparams, resolve=True),
+        dim=model.dim,
+        depth=model.depth,
+        num_heads=model.num_heads,
+        head_dim=model.head_dim,
+        ffn_dim=model.ffn_dim,
+        dropout=model.dropout,
+        attention_in_fp32=model.attention_in_fp32,
+    )
+    classifier = LRAClassifier(task.num_classes, encoder, hidden_dim=model.head_hidden_dim)
+    return LRAClassificationModule(
+        classifier,
+        num_classes=task.num_classes,
+        lr=protocol.lr,
+        warmup_steps=protocol.warmup_steps,
+        max_steps=protocol.max_steps,
+        weight_decay=protocol.weight_decay,
+    )
+
+
+def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Train, select the best-validation checkpoint, test it; return the measured part of the record."""
+    protocol = cfg.task.protocol
+    if protocol.val_check_interval > protocol.max_steps:
+        raise ValueError(
+            f"val_check_interval={protocol.val_check_interval} exceeds max_steps={protocol.max_steps}: "
+            "the run would never evaluate and have no best checkpoint to test"
+        )
+    pl.seed_everything(cfg.seed, workers=True)
+    datamodule = LRADataModule(
+        task=cfg.task.name,
+        seq_len=cfg.task.seq_len,
+        data=OmegaConf.to_container(cfg.task.data, resolve=True),
+        batch_size=protocol.batch_size,
+        num_workers=cfg.trainer.num_workers,
+        seed=cfg.seed,
+    )
+    module = build_module(cfg)
+    checkpoint = ModelCheckpoint(
+        dirpath=output_dir / "checkpoints",
+        filename="best-step{step}",
+        monitor="val/acc",
+        mode="max",
+        save_top_k=1,
+        auto_insert_metric_name=False,
+    )
+    trainer = pl.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        precision=cfg.trainer.precision,
+        max_steps=protocol.max_steps,
+        val_check_interval=protocol.val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=protocol.limit_val_batches,
+        callbacks=[checkpoint, LearningRateMonitor(logging_interval="step")],
+        logger=CSVLogger(output_dir, name="", version="metrics"),
+        log_every_n_steps=min(50, protocol.val_check_interval),
+        default_root_dir=output_dir,
+        enable_progress_bar=cfg.trainer.progress_bar,
+    )
+    trainer.fit(module, datamodule=datamodule)
+    if not checkpoint.best_model_path:
+        raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
+    best_val_step, best_val_acc = max(module.validation_history, key=lambda entry: entry[1])
+    test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path)[0]
+    device = trainer.strategy.root_device
+    peak_memory, peak_memory_kind = results.peak_memory_mb(device)
+    return {
+        "data_source": datamodule.task_data.source,
+        "data_folder": str(datamodule.task_data.folder),
+        "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
+        "num_parameters": sum(p.numel() for p in module.model.parameters()),
+        "steps": trainer.global_step,
+        "best_val_acc": best_val_acc,
+        "best_val_step": best_val_step,
+        "test_acc": test_metrics["test/acc"],
+        "test_loss": test_metrics["test/loss"],
+        "best_checkpoint": str(checkpoint.best_model_path),
+        "peak_memory_mb": round(peak_memory, 1),
+        "peak_memory_kind": peak_memory_kind,
+        "device": results.device_name(device),
+        "precision": str(cfg.trainer.precision),
+    }
+
+
+def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Run one cell unless ``output_dir`` already holds its finished result; return the record."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / results.RESULTS_FILE
+    defining = defining_config(cfg)
+    config_hash = results.config_hash(defining)
+    previous = results.read(results_path)
+    if previous and previous.get("status") == "finished" and previous.get("config_hash") == config_hash:
+        log.info("Skipping: %s already holds a finished run of this configuration (%s)", results_path, config_hash)
+        return previous
+
+    attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])
+    record: dict[str, Any] = {
+        "task": cfg.task.name,
+        "attention": cfg.attention.name,
+        "attention_hparams": dict(vars(attention_config)),
+        "seed": cfg.seed,
+        "protocol": defining["task"]["protocol"],
+        "model": defining["model"],
+        "config_hash": config_hash,
+        "git_commit": results.git_commit(),
+        "torch_version": torch.__version__,
+        "lightning_version": pl.__version__,
+        "started_at": results.now(),
+        "status": "running",
+    }
+    results.write(results_path, record)
+    start = time.perf_counter()
+    try:
+        record.update(fit_and_test(cfg, output_dir))
+        record["status"] = "finished"
+    except BaseException as error:
+        record.update(status="failed", error=f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
+        results.write(results_path, record)
+    log.info(
+        "%s / %s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
+        record["task"], record["attention"], record["best_val_acc"], record["best_val_step"], record["test_acc"],
+        results_path,
+    )
+    return record
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    record = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return record.get("best_val_acc")
+
+
+if __name__ == "__main__":
+    main()
