@@ -30,8 +30,11 @@ class LRAClassificationModule(pl.LightningModule):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        if not 0 <= warmup_steps < max_steps:
-            raise ValueError(f"need 0 <= warmup_steps < max_steps, got warmup_steps={warmup_steps}, max_steps={max_steps}")
+        if not 0 <= warmup_steps < max_steps or warmup_steps == 1:
+            raise ValueError(
+                f"need warmup_steps = 0 or 2 <= warmup_steps < max_steps (OneCycleLR divides by warmup_steps - 1), "
+                f"got warmup_steps={warmup_steps}, max_steps={max_steps}"
+            )
         self.save_hyperparameters(ignore=["model"])
         self.model = model
         self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)

@@ -9,6 +9,7 @@ settings is skipped.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import warnings
@@ -32,8 +33,24 @@ from .module import LRAClassificationModule
 
 log = logging.getLogger(__name__)
 
-# The run folder of a command without overrides is ".../default" rather than the parent folder.
-OmegaConf.register_new_resolver("lra_run_name", lambda overrides: overrides or "default", replace=True)
+MAX_RUN_NAME = 120  # file names are limited to 255 bytes
+
+
+def run_name(overrides: str) -> str:
+    """The run folder's name: the command-line overrides, "default" for none.
+
+    A long list is cut and suffixed with a hash of the whole list, so the name stays unique and
+    within file-name limits; the full list is in the run's ``.hydra/overrides.yaml``.
+    """
+    if not overrides:
+        return "default"
+    if len(overrides) <= MAX_RUN_NAME:
+        return overrides
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:12]
+    return f"{overrides[: MAX_RUN_NAME - 13]}-{digest}"
+
+
+OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
 
 # Deliberate choices of the protocol that Lightning would otherwise warn about on every run:
 # zero loader workers on a CPU (workers would compete with the model for the cores) and shuffled

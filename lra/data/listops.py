@@ -234,7 +234,7 @@ def read_split(folder: Path, split: str, seq_len: int) -> tuple[np.ndarray, np.n
 def missing_data_message(folder: Path) -> str:
     return (
         f"ListOps data not found in {folder}: expected basic_train.tsv, basic_val.tsv and basic_test.tsv "
-        "(header 'Source<TAB>Target'). Either point task.data.dir at the 'listops-1000' folder of the "
+        "(header 'Source<TAB>Target'). Either point task.data.release_dir at the 'listops-1000' folder of the "
         "official LRA release (lra_release/listops-1000, from the google-research/long-range-arena "
         "README), or generate the data with the official algorithm: task.data.source=generated."
     )

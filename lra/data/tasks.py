@@ -45,9 +45,9 @@ def prepare_task(name: str, data: dict[str, Any]) -> Path:
         raise ValueError(f"task {name!r} has no data loader yet; available tasks: {', '.join(TASKS)}")
     source = data["source"]
     if source == "generated":
-        return listops.ensure_generated(Path(data["dir"]), listops.GeneratorConfig(**data["generator"]))
+        return listops.ensure_generated(Path(data["generated_dir"]), listops.GeneratorConfig(**data["generator"]))
     if source == "lra_release":
-        return Path(data["dir"])
+        return Path(data["release_dir"])
     raise ValueError(f"unknown data source {source!r} for {name}; use 'lra_release' or 'generated'")
 
 

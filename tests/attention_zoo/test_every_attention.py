@@ -1,0 +1,110 @@
+"""The attention contract, checked for every registered attention (a new one is covered on registration).
+
+Random attentions are compared under the same torch seed, so their randomness cannot hide a leak.
+"""
+
+import pytest
+import torch
+
+import attention_zoo
+
+ATTENTIONS = attention_zoo.available()
+HEADS, HEAD_DIM = 2, 16
+
+
+def build(name, seq_len):
+    return attention_zoo.build(name, seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM).eval()
+
+
+def inputs(batch, seq_len, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, HEADS, seq_len, HEAD_DIM, generator=generator).to(dtype) for _ in range(3))
+    return q, k, v
+
+
+def padding_mask(batch, seq_len):
+    """Row 0 unpadded, row 1 half padded, row 2 fully padded, the rest with one real token."""
+    mask = torch.ones(batch, seq_len, dtype=torch.bool)
+    mask[1, (seq_len + 1) // 2 :] = False
+    mask[2] = False
+    mask[3:, 1:] = False
+    return mask
+
+
+def run(attn, q, k, v, mask, seed=0):
+    torch.manual_seed(seed)
+    return attn(q, k, v, mask)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("seq_len", [1, 17, 1023])
+def test_shape_dtype_and_masked_rows(name, seq_len):
+    attn = build(name, seq_len)
+    q, k, v = inputs(4, seq_len)
+    mask = padding_mask(4, seq_len)
+    out = run(attn, q, k, v, mask)
+    assert out.shape == v.shape and out.dtype == v.dtype
+    assert torch.isfinite(out).all()
+    assert (out[~mask[:, None, :, None].expand_as(out)] == 0).all(), "padded query rows must be exactly zero"
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("seq_len", [17, 256])
+def test_padded_keys_do_not_leak(name, seq_len):
+    attn = build(name, seq_len)
+    q, k, v = inputs(4, seq_len)
+    mask = padding_mask(4, seq_len)
+    noise_q, noise_k, noise_v = inputs(4, seq_len, seed=1)
+    pad = ~mask[:, None, :, None]
+    reference = run(attn, q, k, v, mask)
+    changed = run(attn, torch.where(pad, 100 * noise_q, q), torch.where(pad, 100 * noise_k, k), torch.where(pad, 100 * noise_v, v), mask)
+    torch.testing.assert_close(changed, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_mask_none_equals_all_true_mask(name):
+    attn = build(name, 33)
+    q, k, v = inputs(2, 33)
+    full = torch.ones(2, 33, dtype=torch.bool)
+    torch.testing.assert_close(run(attn, q, k, v, None), run(attn, q, k, v, full), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gradients_are_finite(name, dtype):
+    attn = build(name, 64).train()
+    q, k, v = (t.requires_grad_() for t in inputs(4, 64, dtype))
+    mask = padding_mask(4, 64)
+    out = run(attn, q, k, v, mask)
+    assert out.dtype == dtype
+    out.float().pow(2).sum().backward()
+    for tensor in (q, k):  # None where the attention does not use them ("none")
+        assert tensor.grad is None or torch.isfinite(tensor.grad).all()
+    assert v.grad is not None and torch.isfinite(v.grad).all()
+    assert v.grad.abs().sum() > 0, "the values must receive a gradient"
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_bfloat16_is_close_to_float32(name):
+    attn = build(name, 40)
+    q, k, v = inputs(4, 40)
+    mask = padding_mask(4, 40)
+    reference = run(attn, q, k, v, mask)
+    low = run(attn, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_bad_inputs_name_the_problem(name):
+    attn = build(name, 8)
+    q, k, v = inputs(2, 8)
+    with pytest.raises(ValueError, match=r"\(batch, heads, seq, head_dim\)"):
+        attn(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="same shape"):
+        attn(q, k[:, :, :4], v)
+    with pytest.raises(TypeError, match="dtype"):
+        attn(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="bool"):
+        attn(q, k, v, torch.ones(2, 8))
+    with pytest.raises(ValueError, match=r"\(batch, seq\)"):
+        attn(q, k, v, torch.ones(2, 7, dtype=torch.bool))

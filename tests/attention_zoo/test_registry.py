@@ -1,0 +1,161 @@
+"""The registry contract of DESIGN.md: register, build, available, and validated hyperparameters."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+import torch
+
+import attention_zoo
+from attention_zoo import Attention, register
+from attention_zoo._checks import check_inputs, zero_masked_queries
+
+
+@dataclass
+class MeanConfig:
+    scale: float = 1.0
+    mode: Literal["mean", "sum"] = "mean"
+    window: int | None = None
+
+
+class MeanAttention(Attention):
+    """Throwaway attention for the tests: every real query gets the scaled mean of the real values."""
+
+    Config = MeanConfig
+
+    def forward(self, q, k, v, mask=None):
+        check_inputs(q, k, v, mask)
+        weights = torch.ones(v.shape[:3], dtype=v.dtype) if mask is None else mask[:, None, :].to(v.dtype)
+        weights = weights.expand(v.shape[:3])  # (b, h, n)
+        pooled = (weights[..., None] * v).sum(2, keepdim=True)  # (b, h, 1, d)
+        if self.config.mode == "mean":
+            pooled = pooled / weights.sum(-1)[..., None, None].clamp(min=1)
+        return zero_masked_queries(self.config.scale * pooled.expand_as(v), mask)
+
+
+@pytest.fixture
+def mean_attention():
+    register("test_mean")(MeanAttention)
+    yield "test_mean"
+    attention_zoo.unregister("test_mean")
+
+
+def test_available_is_sorted_and_holds_the_builtins():
+    names = attention_zoo.available()
+    assert names == sorted(names)
+    assert {"softmax", "none"} <= set(names)
+
+
+def test_unknown_attention_lists_the_available_ones():
+    with pytest.raises(KeyError) as error:
+        attention_zoo.build("sofmax", seq_len=8, num_heads=1, head_dim=4)
+    message = str(error.value)
+    assert "'sofmax'" in message and "Did you mean 'softmax'" in message
+    for name in attention_zoo.available():
+        assert name in message
+
+
+def test_unknown_hyperparameter_lists_valid_keys_and_defaults(mean_attention):
+    with pytest.raises(ValueError) as error:
+        attention_zoo.build(mean_attention, seq_len=8, num_heads=1, head_dim=4, scal=2.0)
+    message = str(error.value)
+    assert "['scal']" in message
+    assert "scale: float = 1.0" in message and "mode:" in message and "window:" in message
+
+
+def test_hyperparameter_of_the_wrong_type_is_rejected(mean_attention):
+    for bad in ({"scale": "2"}, {"mode": "max"}, {"window": 2.5}, {"window": True}):
+        with pytest.raises(TypeError, match="scale: float = 1.0"):
+            attention_zoo.build(mean_attention, seq_len=8, num_heads=1, head_dim=4, **bad)
+
+
+def test_hyperparameters_reach_the_config_and_ints_become_floats(mean_attention):
+    attn = attention_zoo.build(mean_attention, seq_len=8, num_heads=1, head_dim=4, scale=2, window=3)
+    assert attn.config == MeanConfig(scale=2.0, mode="mean", window=3)
+    assert isinstance(attn.config.scale, float)
+    assert (attn.seq_len, attn.num_heads, attn.head_dim) == (8, 1, 4)
+
+
+def test_config_post_init_validates_ranges():
+    with pytest.raises(ValueError, match="dropout"):
+        attention_zoo.build("softmax", seq_len=8, num_heads=1, head_dim=4, dropout=1.5)
+
+
+def test_context_must_be_positive_ints():
+    with pytest.raises(ValueError, match="seq_len"):
+        attention_zoo.build("softmax", seq_len=0, num_heads=1, head_dim=4)
+
+
+def test_register_rejects_a_name_taken_by_another_class(mean_attention):
+    class Other(MeanAttention):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        register(mean_attention)(Other)
+
+
+def test_register_rejects_non_attention_classes():
+    with pytest.raises(TypeError, match="subclass of attention_zoo.Attention"):
+        register("not_an_attention")(torch.nn.Linear)
+
+
+def test_a_new_attention_appears_and_trains_a_step(mean_attention):
+    from lra.model import LRAClassifier, LRAEncoder
+
+    assert mean_attention in attention_zoo.available()
+    torch.manual_seed(0)
+    encoder = LRAEncoder(vocab_size=8, seq_len=16, attention=mean_attention, attention_hparams={"scale": 0.5}, dropout=0.0)
+    model = LRAClassifier(3, encoder)
+    input_ids = torch.randint(1, 8, (4, 16))
+    labels = torch.tensor([0, 1, 2, 1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = torch.nn.functional.cross_entropy(model(input_ids), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_multihead_attention_runs_the_core_in_float32_under_autocast(mean_attention):
+    seen = []
+
+    class Recording(MeanAttention):
+        def forward(self, q, k, v, mask=None):
+            seen.append(q.dtype)
+            return super().forward(q, k, v, mask)
+
+    attention_zoo.unregister(mean_attention)
+    register(mean_attention)(Recording)
+    x = torch.randn(2, 5, 8)
+    for in_fp32, expected in ((True, torch.float32), (False, torch.bfloat16)):
+        mha = attention_zoo.MultiHeadAttention(8, 2, mean_attention, seq_len=5, attention_in_fp32=in_fp32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = mha(x)
+        assert seen[-1] == expected
+        assert out.shape == x.shape
+
+
+def test_multihead_attention_matches_manual_projections():
+    torch.manual_seed(0)
+    mha = attention_zoo.MultiHeadAttention(8, 2, "softmax", seq_len=6, dropout=0.0).eval()
+    x = torch.randn(3, 6, 8)
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] + [False] * 5])
+
+    def heads(t):
+        return t.view(3, 6, 2, 4).transpose(1, 2)
+
+    q, k, v = heads(mha.query(x)), heads(mha.key(x)), heads(mha.value(x))
+    scores = q @ k.transpose(-1, -2) / 2.0
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    attended = (scores.softmax(-1) @ v) * mask[:, None, :, None]
+    expected = mha.output(attended.transpose(1, 2).reshape(3, 6, 8))
+    torch.testing.assert_close(mha(x, mask), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_multihead_attention_needs_divisible_dim_or_head_dim():
+    with pytest.raises(ValueError, match="head_dim"):
+        attention_zoo.MultiHeadAttention(10, 3, "softmax", seq_len=4)
+    assert attention_zoo.MultiHeadAttention(10, 3, "softmax", seq_len=4, head_dim=4).query.out_features == 12

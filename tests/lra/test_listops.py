@@ -1,0 +1,172 @@
+"""The ListOps generator (official algorithm) and the reader of the official TSV files."""
+
+import csv
+import random
+
+import numpy as np
+import pytest
+
+from lra.data import listops
+from lra.data.listops import VOCAB, GeneratorConfig
+
+SMALL = GeneratorConfig(num_train=300, num_val=40, num_test=40, min_length=10, max_length=120, seed=3)
+
+
+def evaluate_tokens(source: str) -> int:
+    """An independent evaluator: a stack machine over the token stream, parentheses ignored."""
+    stack = [[]]
+    for token in source.replace("(", " ").replace(")", " ").split():
+        if token.startswith("["):
+            stack.append([token])
+        elif token == "]":
+            operator, *args = stack.pop()
+            value = {
+                "[MIN": min,
+                "[MAX": max,
+                "[MED": lambda a: int(np.median(a)),
+                "[SM": lambda a: sum(a) % 10,
+            }[operator](args)
+            stack[-1].append(value)
+        else:
+            stack[-1].append(int(token))
+    (result,) = stack[0]
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_splits():
+    return listops.generate(SMALL)
+
+
+def test_split_sizes(small_splits):
+    assert {split: len(rows) for split, rows in small_splits.items()} == {"train": 300, "val": 40, "test": 40}
+
+
+def test_every_label_is_the_value_of_its_expression(small_splits):
+    for rows in small_splits.values():
+        for source, label in rows:
+            assert label == evaluate_tokens(source), source
+
+
+def test_lengths_are_strictly_inside_the_bounds(small_splits):
+    lengths = [len(listops.tokenize(source)) for rows in small_splits.values() for source, _ in rows]
+    assert SMALL.min_length < min(lengths) and max(lengths) < SMALL.max_length
+
+
+def test_no_duplicates_within_or_across_splits(small_splits):
+    sources = [source for rows in small_splits.values() for source, _ in rows]
+    assert len(sources) == len(set(sources))
+
+
+def test_seeded_determinism(small_splits):
+    assert listops.generate(SMALL) == small_splits
+    other_seed = GeneratorConfig(**{**SMALL.__dict__, "seed": 4})
+    assert listops.generate(other_seed)["train"] != small_splits["train"]
+
+
+def test_rendering_is_the_official_left_nested_form():
+    tree = ("[MAX", [2, ("[SM", [3, 9]), 9])
+    assert listops.render(tree) == "( ( ( ( [MAX 2 ) ( ( ( [SM 3 ) 9 ) ] ) ) 9 ) ] )"
+    assert listops.evaluate(tree) == 9
+    assert listops.evaluate(("[MED", [1, 2, 4, 9])) == 3  # int of the mean of the middle two
+
+
+def test_sampled_tree_length_counts_tokens_without_parentheses():
+    rng = random.Random(0)
+    for _ in range(200):
+        tree, length = listops.sample_tree(rng, GeneratorConfig())
+        assert length == len(listops.tokenize(listops.render(tree)))
+
+
+def test_official_defaults_reproduce_the_published_statistics():
+    """Official settings: lengths 501..1999 with median about 1000, labels 0 and 9 about 17% each."""
+    splits = listops.generate(GeneratorConfig(num_train=1500, num_val=1, num_test=1, seed=0))
+    lengths = np.array([len(listops.tokenize(source)) for source, _ in splits["train"]])
+    labels = np.array([label for _, label in splits["train"]])
+    assert 800 < np.median(lengths) < 1200
+    assert 0.12 < np.mean(labels == 0) < 0.23 and 0.12 < np.mean(labels == 9) < 0.23
+    assert np.mean(labels == 4) < 0.12
+
+
+def write_official_tsv(path, rows):
+    with open(path, "w") as f:
+        f.write("Source\tTarget\n")
+        for source, target in rows:
+            f.write(f"{source}\t{target}\n")
+
+
+def test_reader_on_a_hand_written_official_file(tmp_path):
+    rows = [("( ( ( [MAX 2 ) 9 ) ] )", "9"), ("( ( ( ( [SM 3 ) 4 ) 5 ) ] )", "2")]
+    for split in listops.SPLITS:
+        write_official_tsv(tmp_path / f"basic_{split}.tsv", rows)
+    ids, labels = listops.read_split(tmp_path, "train", seq_len=8)
+    expected = np.array(
+        [
+            [VOCAB["[MAX"], VOCAB["2"], VOCAB["9"], VOCAB["]"], 0, 0, 0, 0],
+            [VOCAB["[SM"], VOCAB["3"], VOCAB["4"], VOCAB["5"], VOCAB["]"], 0, 0, 0],
+        ]
+    )
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(labels, [9, 2])
+    assert ids.dtype == np.int64 and listops.PAD_ID == 0 and listops.VOCAB_SIZE == 16
+    assert sorted(VOCAB.values()) == list(range(1, 16))
+
+
+def test_reader_accepts_a_bracket_glued_to_a_digit(tmp_path):
+    write_official_tsv(tmp_path / "basic_val.tsv", [("( [MIN 3 7] )", "3")])
+    ids, _ = listops.read_split(tmp_path, "val", seq_len=4)
+    np.testing.assert_array_equal(ids[0], [VOCAB["[MIN"], VOCAB["3"], VOCAB["7"], VOCAB["]"]])
+
+
+def test_writer_and_reader_round_trip(tmp_path, small_splits):
+    listops.write_tsv(tmp_path / "basic_test.tsv", small_splits["test"])
+    with open(tmp_path / "basic_test.tsv") as f:
+        assert f.readline() == "Source\tTarget\n"
+    ids, labels = listops.read_split(tmp_path, "test", seq_len=128)
+    assert ids.shape == (40, 128)
+    for row, (source, label) in zip(ids, small_splits["test"]):
+        tokens = listops.tokenize(source)
+        np.testing.assert_array_equal(row[: len(tokens)], [VOCAB[t] for t in tokens])
+        assert (row[len(tokens) :] == 0).all()
+    np.testing.assert_array_equal(labels, [label for _, label in small_splits["test"]])
+
+
+@pytest.mark.parametrize(
+    "rows, header, message",
+    [
+        ([("( [MIN 3 x ] )", "3")], "Source\tTarget", "unknown ListOps token 'x'"),
+        ([("( [MIN 3 4 ] )", "12")], "Source\tTarget", "label must be an integer 0-9"),
+        ([("( [MIN 3 4 ] )", "3")], "text\tlabel", "expected the header"),
+        ([("( [MIN 3 4 5 6 7 8 ] )", "3")], "Source\tTarget", "exceed seq_len=4"),
+    ],
+)
+def test_reader_errors_name_file_line_and_problem(tmp_path, rows, header, message):
+    with open(tmp_path / "basic_train.tsv", "w") as f:
+        f.write(header + "\n")
+        for source, target in rows:
+            f.write(f"{source}\t{target}\n")
+    with pytest.raises(ValueError, match=message) as error:
+        listops.read_split(tmp_path, "train", seq_len=4)
+    assert "basic_train.tsv" in str(error.value)
+
+
+def test_missing_folder_names_it_and_how_to_get_the_data(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        listops.read_split(tmp_path / "nowhere", "train", seq_len=8)
+    message = str(error.value)
+    assert str(tmp_path / "nowhere") in message
+    assert "listops-1000" in message and "task.data.source=generated" in message
+
+
+def test_ensure_generated_writes_once(tmp_path, monkeypatch):
+    folder = listops.ensure_generated(tmp_path, SMALL)
+    assert sorted(p.name for p in folder.iterdir()) == ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"]
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name], "no staging folder is left behind"
+
+    def fail(config):
+        raise AssertionError("the data was generated a second time")
+
+    monkeypatch.setattr(listops, "generate", fail)
+    assert listops.ensure_generated(tmp_path, SMALL) == folder
+    with open(folder / "basic_train.tsv") as f:
+        assert sum(1 for _ in csv.reader(f, delimiter="\t")) == 301

@@ -1,0 +1,74 @@
+"""The LRA encoder's pooling and masking, and the original optimiser schedule."""
+
+import pytest
+import torch
+
+from lra.model import LRAClassifier, LRAEncoder
+from lra.module import LRAClassificationModule
+
+
+def test_mean_pooling_sums_real_tokens_over_the_padded_length():
+    torch.manual_seed(0)
+    encoder = LRAEncoder(vocab_size=10, seq_len=12, dropout=0.0).eval()
+    ids = torch.randint(1, 10, (2, 12))
+    ids[1, 5:] = 0
+    pooled = encoder(ids)
+
+    # Recompute by hand: the encoder's features at real positions, summed, divided by 12.
+    mask = ids != 0
+    x = encoder.token_embedding(ids) + encoder.position_embedding(torch.arange(12))
+    for block in encoder.blocks:
+        x = block(x, mask)
+    features = encoder.final_norm(x)
+    expected = torch.stack([features[0].sum(0) / 12, features[1, :5].sum(0) / 12])
+    torch.testing.assert_close(pooled, expected)
+
+
+def test_padding_does_not_change_real_tokens_features():
+    """A sequence padded to the model length pools to the same features whatever other rows hold."""
+    torch.manual_seed(0)
+    encoder = LRAEncoder(vocab_size=10, seq_len=16, dropout=0.0).eval()
+    row = torch.randint(1, 10, (1, 16))
+    row[0, 9:] = 0
+    alone = encoder(row)
+    batch = torch.cat([row, torch.randint(1, 10, (3, 16))])
+    torch.testing.assert_close(encoder(batch)[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_input_longer_than_the_model_is_an_error():
+    encoder = LRAEncoder(vocab_size=10, seq_len=8)
+    with pytest.raises(ValueError, match="seq <= 8"):
+        encoder(torch.ones(1, 9, dtype=torch.long))
+
+
+def test_paper_sizes_are_the_defaults():
+    model = LRAClassifier(10, LRAEncoder(vocab_size=16, seq_len=2048))
+    assert len(model.encoder.blocks) == 2
+    attention = model.encoder.blocks[0].attention
+    assert (attention.num_heads, attention.head_dim) == (2, 32)
+    assert model.encoder.token_embedding.embedding_dim == 64
+    assert model.encoder.blocks[0].mlp[0].out_features == 128
+
+
+def test_one_cycle_schedule_and_beta1_cycling_of_the_original():
+    module = LRAClassificationModule(torch.nn.Linear(2, 2), num_classes=2, lr=1e-4, warmup_steps=10, max_steps=100)
+    config = module.configure_optimizers()
+    optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert optimizer.defaults["eps"] == 1e-6 and optimizer.defaults["weight_decay"] == 0.0
+    lrs, betas = [], []
+    for _ in range(100):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        betas.append(optimizer.param_groups[0]["betas"][0])
+        optimizer.step()
+        schedule.step()
+    assert lrs[0] == pytest.approx(1e-4 / 25)
+    assert max(lrs) == pytest.approx(1e-4) and lrs.index(max(lrs)) == 9
+    assert lrs[-1] == pytest.approx(1e-4 / 25 / 1e4, rel=0.5, abs=1e-7)
+    assert all(b <= a for a, b in zip(lrs[9:], lrs[10:])), "linear decay after the warmup"
+    assert betas[0] == pytest.approx(0.95) and betas[9] == pytest.approx(0.85) and betas[-1] == pytest.approx(0.95, abs=0.002)
+
+
+def test_warmup_must_be_shorter_than_training():
+    for warmup in (100, 1, -1):
+        with pytest.raises(ValueError, match="warmup_steps"):
+            LRAClassificationModule(torch.nn.Linear(2, 2), num_classes=2, warmup_steps=warmup, max_steps=100)
