@@ -163,7 +163,9 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(option) for option in typing.get_args(tp))
+    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
 def _coerce(value: Any, tp: Any) -> Any:

@@ -61,8 +61,8 @@ warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
 
 def defining_config(cfg: DictConfig) -> dict[str, Any]:
     """The settings that determine a run's result (not where it writes or on which device)."""
-    keys = ("task", "attention", "model", "seed")
-    return {key: OmegaConf.to_container(cfg, resolve=True)[key] for key in keys}
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return {key: resolved[key] for key in ("task", "attention", "model", "seed")}
 
 
 def build_module(cfg: DictConfig) -> LRAClassificationModule:

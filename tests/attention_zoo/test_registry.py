@@ -60,7 +60,8 @@ def test_unknown_hyperparameter_lists_valid_keys_and_defaults(mean_attention):
         attention_zoo.build(mean_attention, seq_len=8, num_heads=1, head_dim=4, scal=2.0)
     message = str(error.value)
     assert "['scal']" in message
-    assert "scale: float = 1.0" in message and "mode:" in message and "window:" in message
+    assert "scale: float = 1.0" in message
+    assert "mode: 'mean' | 'sum' = 'mean'" in message and "window: int | None = None" in message
 
 
 def test_hyperparameter_of_the_wrong_type_is_rejected(mean_attention):
