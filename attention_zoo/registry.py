@@ -48,11 +48,15 @@ class Attention(nn.Module):
     zeros, any ``seq >= 1`` works, and float32/float16/bfloat16 inputs give outputs of that dtype.
 
     Subclasses set ``Config`` and may set ``tie_query_key = True`` when the algorithm needs the
-    query and key projections shared (Reformer); :class:`MultiHeadAttention` reads it.
+    query and key projections shared (Reformer); :class:`MultiHeadAttention` reads it. An attention
+    whose memory grows quadratically with the sequence (exact softmax) sets ``linear_memory = False``
+    (on the instance where it depends on the config); every other attention is held to linear memory
+    by ``tests/attention_zoo/test_memory.py``.
     """
 
     Config: ClassVar[type] = NoHyperparameters
     tie_query_key: ClassVar[bool] = False
+    linear_memory: ClassVar[bool] = True
     name: ClassVar[str]
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: Any) -> None:

@@ -31,6 +31,7 @@ class SoftmaxConfig:
 @register("softmax")
 class SoftmaxAttention(Attention):
     Config = SoftmaxConfig
+    linear_memory = False  # the exact n x n attention; fused kernels only avoid storing it on some backends
 
     def forward(self, q, k, v, mask=None):
         check_inputs(q, k, v, mask)

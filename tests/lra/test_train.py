@@ -1,30 +1,9 @@
 """``python -m lra.train`` end to end, as a user runs it (a subprocess, Hydra command line)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-# A ListOps small enough to train in seconds; the rest of the configuration is the real default.
-TINY = [
-    "task.seq_len=64",
-    "task.data.generator.num_train=64",
-    "task.data.generator.num_val=32",
-    "task.data.generator.num_test=24",
-    "task.data.generator.min_length=5",
-    "task.data.generator.max_length=60",
-    "task.protocol.batch_size=16",
-    "task.protocol.max_steps=6",
-    "task.protocol.warmup_steps=2",
-    "task.protocol.val_check_interval=3",
-    "task.protocol.limit_val_batches=2",
-    "trainer.progress_bar=false",
-]
 
 RESULT_KEYS = {
     "task", "attention", "attention_hparams", "seed", "data_source", "protocol", "model", "steps",
@@ -33,24 +12,13 @@ RESULT_KEYS = {
 }
 
 
-def train(tmp_path, *overrides, flags=(), check=True):
-    env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
-    process = subprocess.run(
-        [sys.executable, "-m", "lra.train", *flags, *TINY, *overrides],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    if check and process.returncode != 0:
-        raise AssertionError(f"lra.train failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
-    return process
-
-
 def results_files(tmp_path):
     return sorted((tmp_path / "outputs").rglob("results.json"))
 
 
 @pytest.mark.slow
-def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path):
-    first = train(tmp_path)
+def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path, run_train):
+    first = run_train()
     (path,) = results_files(tmp_path)
     assert path.parent.parent == tmp_path / "outputs" / "listops" / "softmax"
     assert path.parent.name.startswith("task.data.generator.max_length=60,") and len(path.parent.name) == 120
@@ -70,15 +38,15 @@ def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path):
     assert Path(record["best_checkpoint"]).is_file()
     assert "Generating ListOps" in first.stdout + first.stderr
 
-    second = train(tmp_path)
+    second = run_train()
     assert "Skipping" in second.stdout + second.stderr
     assert "Generating ListOps" not in second.stdout + second.stderr
     assert json.loads(path.read_text()) == record
 
 
 @pytest.mark.slow
-def test_multirun_over_attentions_yields_one_result_each(tmp_path):
-    train(tmp_path, "attention=softmax,none", flags=["-m"])
+def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
+    run_train("attention=softmax,none", flags=["-m"])
     records = [json.loads(p.read_text()) for p in results_files(tmp_path)]
     assert sorted(r["attention"] for r in records) == ["none", "softmax"]
     assert all(r["status"] == "finished" for r in records)
@@ -86,8 +54,8 @@ def test_multirun_over_attentions_yields_one_result_each(tmp_path):
 
 
 @pytest.mark.slow
-def test_missing_release_folder_is_a_clear_error(tmp_path):
-    process = train(tmp_path, "task.data.source=lra_release", check=False)
+def test_missing_release_folder_is_a_clear_error(tmp_path, run_train):
+    process = run_train("task.data.source=lra_release", check=False)
     assert process.returncode != 0
     missing = tmp_path / "data" / "lra_release" / "listops-1000"
     assert f"ListOps data not found in {missing}" in process.stderr
@@ -98,16 +66,16 @@ def test_missing_release_folder_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_unknown_attention_lists_the_available_ones(tmp_path):
-    process = train(tmp_path, "attention=sofmax", check=False)
+def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
+    process = run_train("attention=sofmax", check=False)
     assert process.returncode != 0
     assert "attention/sofmax" in process.stderr
     assert "softmax" in process.stderr and "none" in process.stderr
 
 
 @pytest.mark.slow
-def test_unknown_attention_hyperparameter_is_a_clear_error(tmp_path):
-    process = train(tmp_path, "+attention.hparams.dropuot=0.2", check=False)
+def test_unknown_attention_hyperparameter_is_a_clear_error(tmp_path, run_train):
+    process = run_train("+attention.hparams.dropuot=0.2", check=False)
     assert process.returncode != 0
     assert "unknown hyperparameter(s) ['dropuot']" in process.stderr
     assert "dropout: float = 0.1" in process.stderr

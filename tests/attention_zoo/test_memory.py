@@ -1,0 +1,72 @@
+"""Every attention that claims linear memory allocates nothing of size n x n, forward and backward.
+
+A TorchDispatchMode sees every tensor an operator returns, in the forward and in the backward pass
+(which runs on this thread for CPU tensors), and records the largest storage among them (views
+share their base's storage, so an ``expand`` to n x n costs nothing and counts nothing). Linear
+memory means: doubling n at most about doubles the largest allocation, and at n = 16384 it stays far
+below n * n elements.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import attention_zoo
+
+HEADS, HEAD_DIM = 2, 32
+SIZES = (8192, 16384)
+
+
+class LargestAllocation(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0  # elements of the largest storage produced by any operator
+        self.operator = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+                elements = tensor.untyped_storage().nbytes() // tensor.element_size()
+                if elements > self.largest:
+                    self.largest, self.operator = elements, str(func)
+        return out
+
+
+def largest_allocation(name: str, seq_len: int) -> tuple[int, str]:
+    torch.manual_seed(0)
+    attn = attention_zoo.build(name, seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM).train()
+    q, k, v = (torch.randn(1, HEADS, seq_len, HEAD_DIM, requires_grad=True) for _ in range(3))
+    mask = torch.ones(1, seq_len, dtype=torch.bool)
+    mask[0, -seq_len // 3 :] = False
+    with LargestAllocation() as record:
+        attn(q, k, v, mask).square().sum().backward()
+    return record.largest, record.operator
+
+
+def linear_attentions():
+    built = {name: attention_zoo.build(name, seq_len=8, num_heads=1, head_dim=4) for name in attention_zoo.available()}
+    return sorted(name for name, attn in built.items() if attn.linear_memory)
+
+
+def test_the_recorder_sees_quadratic_forward_and_backward_allocations():
+    x = torch.randn(64, 8, requires_grad=True)
+    with LargestAllocation() as record:
+        scores = (x @ x.T).softmax(-1).sum()
+    assert record.largest == 64 * 64
+    with LargestAllocation() as record:
+        scores.backward()  # only the backward pass is recorded here
+    assert record.largest == 64 * 64
+    with LargestAllocation() as record:
+        torch.randn(64, 1).expand(64, 64).sum()
+    assert record.largest == 64, "a view allocates nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", linear_attentions())
+def test_memory_is_linear_in_the_sequence_length(name):
+    (small, _), (large, operator) = (largest_allocation(name, n) for n in SIZES)
+    n = SIZES[-1]
+    assert large < n * n / 4, f"{name}: {operator} allocated {large} elements at n={n} (n*n = {n * n})"
+    assert large <= 2.2 * small, f"{name}: largest allocation grew {large / small:.2f}x from n={SIZES[0]} to n={n}"

@@ -1,0 +1,38 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+# A ListOps small enough to train in seconds; the rest of the configuration is the real default.
+TINY = [
+    "task.seq_len=64",
+    "task.data.generator.num_train=64",
+    "task.data.generator.num_val=32",
+    "task.data.generator.num_test=24",
+    "task.data.generator.min_length=5",
+    "task.data.generator.max_length=60",
+    "task.protocol.batch_size=16",
+    "task.protocol.max_steps=6",
+    "task.protocol.warmup_steps=2",
+    "task.protocol.val_check_interval=3",
+    "task.protocol.limit_val_batches=2",
+    "trainer.progress_bar=false",
+]
+
+
+@pytest.fixture
+def run_train(tmp_path):
+    """Run ``python -m lra.train`` on the tiny ListOps with data and outputs under ``tmp_path``."""
+
+    def run(*overrides, flags=(), check=True):
+        env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+        process = subprocess.run(
+            [sys.executable, "-m", "lra.train", *flags, *TINY, *overrides],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )
+        if check and process.returncode != 0:
+            raise AssertionError(f"lra.train failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")
+        return process
+
+    return run
