@@ -1,0 +1,174 @@
+"""Nyströmformer: softmax attention approximated from landmarks with the Nyström method.
+
+Xiong, Zeng, Chakraborty, Tan, Fung, Li and Singh, "Nyströmformer: A Nyström-Based Algorithm for
+Approximating Self-Attention", AAAI 2021. Authors' code: github.com/mlpen/Nystromformer.
+
+The n x n matrix S = softmax(Q K^T / sqrt(d)) is never formed. With m landmarks:
+
+1. Mask. Q, K and V are zeroed at padded positions (the authors multiply Q and K by the mask), so
+   a padded token is a zero vector and nothing it holds reaches the landmarks or the convolution.
+2. Landmarks. The n tokens are cut into m contiguous segments; the landmarks Q~ and K~ (m x d) are
+   the means of Q and K over each segment.
+3. Three softmax kernels (scores scaled by 1/sqrt(d)):
+       F = softmax(Q K~^T)  (n x m),   A = softmax(Q~ K~^T)  (m x m),   B = softmax(Q~ K^T)  (m x n),
+   where B, the only kernel over the real keys, gives padded keys zero weight.
+4. Pseudo-inverse. A^+ is approximated by the iteration of Razavi et al. (2014), run 6 times,
+       Z_{j+1} = 1/4 Z_j (13 I - A Z_j (15 I - A Z_j (7 I - A Z_j))),
+   from the paper's start Z_0 = A^T / (||A||_1 ||A||_inf) (max column sum times max row sum).
+5. Output F (A^+ (B V)), multiplied right to left so the largest tensor is n x m: memory and time
+   are linear in n.
+6. Residual convolution. A depthwise convolution of the masked V along the sequence (one kernel of
+   `conv_kernel_size` taps per head, shared by the head's channels, zero padded, no bias) is added,
+   as in the authors' code.
+7. Padded query rows are set to zero.
+
+Choices where the authors' code is silent or differs, and why:
+
+- Short sequences. The landmark count is clamped to the sequence length: m = min(num_landmarks, n).
+  At m = n every token is its own landmark, F A^+ B = S exactly, and, like the authors' code
+  (which switches to softmax when num_landmarks == seq_len), the exact masked softmax is computed.
+  The largest tensor is then n x n with n <= num_landmarks, still linear in n for a fixed config.
+- n not divisible by m. The authors' code requires n % m == 0 (their harness pads to powers of
+  two). Here the first n mod m segments hold one token more than the rest, so every landmark is
+  the mean of floor(n/m) or floor(n/m) + 1 tokens (as xformers' adaptive pooling does); for
+  n % m == 0 this is exactly the authors' segment means.
+- Padding inside a segment counts as a zero token in its mean, as in the authors' code (they mask
+  Q and K, then take plain means); a segment of only padding gives a zero landmark.
+- V is masked before B V too (the authors mask it only for the convolution). This changes nothing
+  where a sequence has a real key; for a fully padded sequence (B uniform) it keeps padded values
+  out, and its rows are zeroed anyway.
+- Pseudo-inverse start. The paper's Z_0 takes the norms of each (batch, head) matrix
+  (`pinv_init="per_matrix"`, the default). The authors' LRA code, and so the Nyströmformer and YOSO
+  LRA tables, take the maxima over the whole batch and all heads (`pinv_init="batch_max"`), which
+  makes an example's output depend on the rest of its batch; the Table 3 preset uses it.
+- Convolution size. The issue and the YOSO paper's Table 3 use 33 taps; the authors' LRA config
+  used 35 (`conv_kernel_size: 35`). An even size is rejected: it cannot be centred on the token.
+- Precision. The math runs in float32 with autocast off (the pseudo-inverse iteration multiplies
+  rounding errors; the NF/YOSO LRA code also runs its attentions in float32), the convolution
+  included; the output has the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_inputs, zero_masked_queries
+from .registry import Attention, register
+
+
+@dataclass
+class NystromformerConfig:
+    num_landmarks: int = 64  # m, landmarks per head (clamped to the sequence length)
+    pinv_iterations: int = 6  # iterations of the Moore-Penrose pseudo-inverse approximation
+    # norms in the pinv start Z_0: of each (batch, head) matrix (the paper) or maxima over the batch (LRA code)
+    pinv_init: Literal["per_matrix", "batch_max"] = "per_matrix"
+    conv_kernel_size: int | None = 33  # taps of the depthwise residual convolution on V (odd); None: no convolution
+
+    def __post_init__(self) -> None:
+        if self.num_landmarks < 1:
+            raise ValueError(f"num_landmarks must be at least 1, got {self.num_landmarks}")
+        if self.pinv_iterations < 1:
+            raise ValueError(f"pinv_iterations must be at least 1, got {self.pinv_iterations}")
+        if self.conv_kernel_size is not None and (self.conv_kernel_size < 1 or self.conv_kernel_size % 2 == 0):
+            raise ValueError(
+                f"conv_kernel_size must be a positive odd int (centred on the token) or None for no "
+                f"convolution, got {self.conv_kernel_size}"
+            )
+
+
+def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Means of ``x`` (..., n, d) over m = ``num_segments`` contiguous segments of its sequence axis.
+
+    The first n mod m segments hold floor(n/m) + 1 tokens and the others floor(n/m), so the sizes
+    differ by at most one. Needs 1 <= num_segments <= n.
+    """
+    *batch, n, d = x.shape
+    size, longer = divmod(n, num_segments)
+    split = longer * (size + 1)
+    long_means = x[..., :split, :].reshape(*batch, longer, size + 1, d).mean(-2)  # (..., n mod m, d)
+    short_means = x[..., split:, :].reshape(*batch, num_segments - longer, size, d).mean(-2)  # (..., m - n mod m, d)
+    return torch.cat([long_means, short_means], dim=-2)  # (..., m, d)
+
+
+def iterative_pinv(
+    a: torch.Tensor, iterations: int = 6, init: Literal["per_matrix", "batch_max"] = "per_matrix"
+) -> torch.Tensor:
+    """Approximate the Moore-Penrose pseudo-inverse of each square matrix in ``a`` (..., m, m).
+
+    Z_0 = A^T / (||A||_1 ||A||_inf) puts every nonzero singular value of A Z_0 in (0, 1], from where
+    the iteration converges to A^+ (slowly while A Z_0 has small singular values, that is for an
+    ill-conditioned A: a fixed 6 iterations are then an approximation). ``init="batch_max"`` takes
+    both norms' maxima over all of ``a``, as the authors' LRA code does.
+    """
+    identity = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)  # (m, m)
+    max_column_sum = a.abs().sum(dim=-2).amax(dim=-1, keepdim=True)[..., None]  # (..., 1, 1)
+    max_row_sum = a.abs().sum(dim=-1).amax(dim=-1, keepdim=True)[..., None]  # (..., 1, 1)
+    if init == "batch_max":
+        max_column_sum, max_row_sum = max_column_sum.amax(), max_row_sum.amax()
+    z = a.transpose(-1, -2) / (max_column_sum * max_row_sum)  # (..., m, m)
+    for _ in range(iterations):
+        az = a @ z  # (..., m, m)
+        z = 0.25 * z @ (13 * identity - az @ (15 * identity - az @ (7 * identity - az)))
+    return z
+
+
+def softmax_kernel(queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(queries keys^T) over the keys, (b, h, r, d) x (b, h, c, d) -> (b, h, r, c).
+
+    Padded keys (``key_mask`` False) get weight zero; a row whose every key is padded comes out
+    uniform rather than NaN (its queries are padded too and are zeroed by the caller).
+    """
+    scores = queries @ keys.transpose(-1, -2)  # (b, h, r, c)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1)
+
+
+@register("nystromformer")
+class NystromformerAttention(Attention):
+    Config = NystromformerConfig
+
+    def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: NystromformerConfig) -> None:
+        super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
+        size = config.conv_kernel_size
+        # Conv2d over (seq, head_dim) with a (size, 1) kernel and groups = heads: one kernel per
+        # head along the sequence, shared by the head's channels (the authors' layer).
+        self.conv = (
+            None
+            if size is None
+            else nn.Conv2d(num_heads, num_heads, (size, 1), padding=(size // 2, 0), groups=num_heads, bias=False)
+        )
+
+    def forward(self, q, k, v, mask=None):
+        check_inputs(q, k, v, mask)
+        with torch.autocast(q.device.type, enabled=False):
+            out = self._attend(q.float(), k.float(), v.float(), mask)  # (b, h, n, d)
+        return zero_masked_queries(out, mask).to(v.dtype)
+
+    def _attend(self, q, k, v, mask):
+        n, d = q.shape[-2:]
+        if mask is not None:
+            padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
+            q, k, v = q.masked_fill(padded, 0.0), k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+        q = q / math.sqrt(d)  # before the landmarks: the means are linear, so every kernel is scaled
+        m = min(self.config.num_landmarks, n)
+        if m == n:  # every token is a landmark: the Nystrom approximation is exact softmax
+            out = softmax_kernel(q, k, mask) @ v  # (b, h, n, d)
+        else:
+            q_landmarks = segment_means(q, m)  # (b, h, m, d)
+            k_landmarks = segment_means(k, m)  # (b, h, m, d)
+            f = softmax_kernel(q, k_landmarks)  # (b, h, n, m)
+            a = softmax_kernel(q_landmarks, k_landmarks)  # (b, h, m, m)
+            b = softmax_kernel(q_landmarks, k, mask)  # (b, h, m, n)
+            a_pinv = iterative_pinv(a, self.config.pinv_iterations, self.config.pinv_init)  # (b, h, m, m)
+            out = f @ (a_pinv @ (b @ v))  # (b, h, n, d)
+        if self.conv is not None:
+            # float32 weights whatever dtype the module was cast to, like the rest of the math
+            out = out + F.conv2d(v, self.conv.weight.float(), padding=self.conv.padding, groups=self.num_heads)
+        return out
