@@ -1,0 +1,185 @@
+"""Performer / FAVOR+ (Choromanski et al., "Rethinking Attention with Performers", ICLR 2021).
+
+Softmax attention is a kernel: exp(q.k / sqrt(d)) = exp(q'.k') with q' = q d^-1/4, k' = k d^-1/4.
+FAVOR+ replaces the kernel by a dot product of positive random features (Lemma 1 of the paper),
+
+    exp(x.y) = E_w[ exp(w.x - |x|^2/2) exp(w.y - |y|^2/2) ],   w ~ N(0, I_d),
+
+so with m draws w_1..w_m, phi(x) = m^-1/2 exp(W x - |x|^2/2) gives phi(q').phi(k') as an unbiased
+estimate of exp(q.k / sqrt(d)), and attention becomes linear in the sequence length n:
+
+    out = phi(Q) (phi(K)^T V) / (phi(Q) (phi(K)^T 1))          # never forms the n x n matrix
+
+Step by step, per forward call:
+
+1. In training, every ``redraw_interval`` calls, draw a new projection W (m, d) from torch's global
+   RNG: ceil(m/d) blocks of d orthonormal rows (QR of a Gaussian matrix), the last block cut to the
+   remaining rows, each row then scaled to the length of an independent d-dim Gaussian vector
+   (chi_d), so every row is exactly N(0, I_d) while rows of a block are orthogonal (the "O" in
+   FAVOR+: orthogonal features lower the estimator's variance). ``feature_norms="sqrt_d"`` gives
+   every row length sqrt(d) instead: the paper's regularized softmax kernel (SMREG), biased for
+   exp(q.k). W is a buffer, so checkpoints hold it; in eval mode it is never redrawn.
+2. In float32: scale q and k by d^-1/4, compute the logits W x and the positive features
+   phi(x) = m^-1/2 (exp(W x - |x|^2/2 - c) + eps), where the stabiliser c is, as in the authors'
+   code, the max of W x over the features of each query row, and over all (real) keys and features
+   of each (batch, head) for the keys. A constant c cancels between numerator and denominator (up to
+   the eps term) and keeps every exponent <= 0, so nothing overflows.
+3. Padded keys get phi = 0, so they drop out of both sums; padded query rows are set to zero.
+4. out = phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1), with the authors' guard that adds 2 eps to a
+   normaliser of size <= eps (a sequence whose every key is padded has normaliser 0).
+
+Choices where the sources differ or are silent:
+
+* Redrawing. The authors' JAX code (``make_fast_softmax_attention``, ``redraw_features=True``)
+  draws new features at every call, in training and evaluation alike, seeded from the sum of the
+  queries; lucidrains' performer-pytorch redraws every 1000 training calls. Here the default
+  ``redraw_interval=1`` redraws at every training call like the authors, but from torch's global
+  RNG (a seed taken from the data would make padded values change the features) and never in eval.
+  A draw serves exactly ``redraw_interval`` training calls; the call counter is saved in checkpoints.
+* QR signs. ``torch.linalg.qr`` (like the ``jnp.linalg.qr`` of the authors' code) returns an R whose
+  diagonal signs depend on the data; that biases row j of each block along e_j (a mean of about
+  +-0.4 in coordinate j for d = 4) and with it the kernel estimate. Each column of Q is multiplied
+  by the sign of R's diagonal entry, which makes the blocks exactly Haar-distributed (Mezzadri,
+  2007), so every row is exactly N(0, I_d) and the estimate unbiased.
+* Large norms. Like the authors' code, c leaves out |x|^2/2, so for inputs with a large
+  |q|^2 / (2 sqrt(d)) the exponentials can fall below eps and the estimate flattens towards an
+  average of the values: the variance of positive features grows like exp(|q' + k'|^2) anyway.
+* eps defaults to 1e-6, the ``numerical_stabilizer`` of the authors' softmax FAVOR+ (lucidrains
+  uses 1e-4). The stabiliser's max is differentiated through, as in the authors' JAX code (lucidrains
+  detaches it); it matters only through eps.
+
+The Nystromformer/YOSO LRA tables (the YOSO paper's Table 3 row "performer", conf/attention/
+performer.yaml) ran lucidrains' ``FastAttention(nb_features=256)``: the FAVOR+ softmax kernel
+despite its "relu" label, with features drawn once and never redrawn (``redraw_interval=None``),
+q and k pre-scaled by d^-1/4 before FAVOR+ scales them again, an effective kernel exp(q.k / d)
+(``double_qk_scaling=True``), and eps = 1e-4. That wrapper also zeroed padded keys instead of
+removing them, so their features still entered the normaliser; here padded keys never contribute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ._checks import check_inputs, zero_masked_queries
+from .registry import Attention, register
+
+
+@dataclass
+class PerformerConfig:
+    num_features: int = 256  # m, random features per head (the paper's setting and the authors' code default)
+    feature_norms: Literal["chi", "sqrt_d"] = "chi"  # row lengths: chi_d (unbiased) or sqrt(d) (regularized SMREG)
+    redraw_interval: int | None = 1  # draw new features every this many training calls; None = fixed (the LRA table)
+    double_qk_scaling: bool = False  # scale q, k by d^-1/4 twice (kernel exp(q.k/d)), as the NF/YOSO LRA wrapper did
+    eps: float = 1e-6  # added to every feature so all stay positive; also the normaliser guard
+
+    def __post_init__(self) -> None:
+        if self.num_features < 1:
+            raise ValueError(f"num_features must be >= 1, got {self.num_features}")
+        if self.redraw_interval is not None and self.redraw_interval < 1:
+            raise ValueError(
+                f"redraw_interval must be >= 1 training calls, or None for fixed features; got {self.redraw_interval}"
+            )
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0 (it keeps every feature positive), got {self.eps}")
+
+
+def gaussian_orthogonal_random_matrix(
+    num_rows: int, dim: int, norms: Literal["chi", "sqrt_d"] = "chi", device: torch.device | None = None
+) -> torch.Tensor:
+    """A (num_rows, dim) projection of stacked blocks of ``dim`` orthogonal rows, drawn from torch's global RNG.
+
+    With ``norms="chi"`` every row is marginally N(0, I_dim); with ``"sqrt_d"`` every row has length sqrt(dim).
+    """
+    num_blocks = math.ceil(num_rows / dim)
+    q, r = torch.linalg.qr(torch.randn(num_blocks, dim, dim, device=device))  # (blocks, d, d) each
+    # Fix the signs QR leaves to the data, so each block is Haar-distributed (see the module docstring).
+    q = q * torch.diagonal(r, dim1=-2, dim2=-1).sign().unsqueeze(-2)  # column j times sign(R_jj)
+    rows = q.transpose(-2, -1).reshape(num_blocks * dim, dim)[:num_rows]  # (m, d), orthonormal within a block
+    if norms == "chi":
+        lengths = torch.randn(num_rows, dim, device=device).norm(dim=-1)  # (m,), chi_d distributed
+    else:
+        lengths = torch.full((num_rows,), math.sqrt(dim), device=device)  # (m,)
+    return rows * lengths[:, None]  # (m, d)
+
+
+def positive_random_features(
+    x: torch.Tensor, projection: torch.Tensor, *, is_query: bool, eps: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """FAVOR+ features m^-1/2 (exp(W x - |x|^2/2 - c) + eps) of ``x`` (b, h, n, d), already scaled by d^-1/4.
+
+    ``c`` is the max of ``W x`` over the features of each row for queries, and over the real keys and
+    features of each (batch, head) for keys. ``mask`` (b, 1, n, 1), keys only: padded keys get zero
+    features. Returns (b, h, n, m), float32 like ``x``.
+    """
+    logits = x @ projection.T  # (b, h, n, m): w_i . x
+    half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (b, h, n, 1)
+    if is_query:
+        stabiliser = logits.amax(dim=-1, keepdim=True)  # (b, h, n, 1)
+    else:
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))  # padded keys: exp(-inf) = 0 and no part in the max
+        # A sequence with every key padded has max -inf; 0 keeps its (all -inf) exponents NaN-free.
+        stabiliser = logits.amax(dim=(-2, -1), keepdim=True).nan_to_num(neginf=0.0)  # (b, h, 1, 1)
+    features = (torch.exp(logits - half_sq_norm - stabiliser) + eps) / math.sqrt(projection.shape[0])
+    return features if mask is None else features.masked_fill(~mask, 0.0)  # padded keys lose their eps too
+
+
+@register("performer")
+class PerformerAttention(Attention):
+    Config = PerformerConfig
+
+    def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: PerformerConfig) -> None:
+        super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
+        # One projection shared by all heads, as in the authors' code; a buffer, so checkpoints hold it.
+        self.register_buffer("projection", self.draw_projection(device=None))  # (m, d)
+        self.calls_since_redraw = 0  # training forward calls served by the current projection
+
+    def draw_projection(self, device: torch.device | None) -> torch.Tensor:
+        return gaussian_orthogonal_random_matrix(
+            self.config.num_features, self.head_dim, self.config.feature_norms, device=device
+        )
+
+    @torch.no_grad()
+    def redraw_features(self) -> None:
+        """Draw a new projection from torch's global RNG on the projection's device."""
+        # Rebind instead of copying in place: a graph from an earlier call that has not run its
+        # backward yet (the retrieval task's two encoder passes) still needs the old matrix.
+        self.projection = self.draw_projection(device=self.projection.device)
+        self.calls_since_redraw = 0
+
+    def get_extra_state(self) -> dict[str, int]:
+        return {"calls_since_redraw": self.calls_since_redraw}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.calls_since_redraw = state["calls_since_redraw"]
+
+    def forward(self, q, k, v, mask=None):
+        check_inputs(q, k, v, mask)
+        interval = self.config.redraw_interval
+        if self.training and interval is not None:
+            if self.calls_since_redraw >= interval:
+                self.redraw_features()
+            self.calls_since_redraw += 1
+        # The exponentials and the two sums over n need float32, also under autocast.
+        with torch.autocast(q.device.type, enabled=False):
+            out = self.favor(q.float(), k.float(), v.float(), mask)
+        return zero_masked_queries(out.to(v.dtype), mask)
+
+    def favor(self, q, k, v, mask):
+        """Float32 FAVOR+ on (b, h, n, d) inputs; padded keys never contribute."""
+        eps = self.config.eps
+        scale = self.head_dim ** (-0.5 if self.config.double_qk_scaling else -0.25)
+        key_mask = None if mask is None else mask[:, None, :, None]  # (b, 1, n, 1)
+        w = self.projection  # (m, d)
+        phi_q = positive_random_features(q * scale, w, is_query=True, eps=eps)  # (b, h, n, m)
+        phi_k = positive_random_features(k * scale, w, is_query=False, eps=eps, mask=key_mask)  # (b, h, n, m)
+        kv = phi_k.transpose(-2, -1) @ v  # (b, h, m, d): phi(K)^T V
+        key_sum = phi_k.sum(dim=-2).unsqueeze(-1)  # (b, h, m, 1): phi(K)^T 1
+        numerator = phi_q @ kv  # (b, h, n, d)
+        denominator = phi_q @ key_sum  # (b, h, n, 1)
+        denominator = denominator + 2 * eps * (denominator.abs() <= eps)  # the authors' guard against 0 / 0
+        return numerator / denominator
