@@ -117,7 +117,8 @@ def get_class(name: str) -> type[Attention]:
 def describe(name: str) -> str:
     """The hyperparameters of ``name`` with their types and defaults, one per line."""
     config_cls = get_class(name).Config
-    lines = [f"{f.name}: {_type_name(f.type)} = {_default(f)!r}" for f in dataclasses.fields(config_cls)]
+    hints = typing.get_type_hints(config_cls)
+    lines = [f"{f.name}: {_type_name(hints[f.name])} = {_default(f)!r}" for f in dataclasses.fields(config_cls)]
     return "\n".join(lines) if lines else "(no hyperparameters)"
 
 

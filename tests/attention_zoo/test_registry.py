@@ -1,5 +1,7 @@
 """The registry contract of DESIGN.md: register, build, available, and validated hyperparameters."""
 
+from __future__ import annotations  # config annotations are strings, as in every attention module
+
 from dataclasses import dataclass
 from typing import Literal
 
