@@ -86,11 +86,16 @@ def test_gradients_are_finite(name, dtype):
 
 @pytest.mark.parametrize("name", ATTENTIONS)
 def test_bfloat16_is_close_to_float32(name):
+    """bfloat16 arithmetic stays close to float32 on the same (rounded) inputs.
+
+    The reference takes the bf16-rounded values in float32, so an attention whose output is
+    discontinuous in its inputs (hash codes) is compared on identical codes.
+    """
     attn = build(name, 40)
-    q, k, v = inputs(4, 40)
+    q, k, v = (t.bfloat16() for t in inputs(4, 40))
     mask = padding_mask(4, 40)
-    reference = run(attn, q, k, v, mask)
-    low = run(attn, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    reference = run(attn, q.float(), k.float(), v.float(), mask)
+    low = run(attn, q, k, v, mask)
     torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
 
 

@@ -7,8 +7,11 @@ memory means: doubling n at most about doubles the largest allocation, and at n 
 below n * n elements.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -16,6 +19,7 @@ import attention_zoo
 
 HEADS, HEAD_DIM = 2, 32
 SIZES = (8192, 16384)
+PRESETS = Path(__file__).resolve().parents[2] / "conf" / "attention"
 
 
 class LargestAllocation(TorchDispatchMode):
@@ -34,9 +38,9 @@ class LargestAllocation(TorchDispatchMode):
         return out
 
 
-def largest_allocation(name: str, seq_len: int) -> tuple[int, str]:
+def largest_allocation(name: str, hparams: dict, seq_len: int) -> tuple[int, str]:
     torch.manual_seed(0)
-    attn = attention_zoo.build(name, seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM).train()
+    attn = attention_zoo.build(name, seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).train()
     q, k, v = (torch.randn(1, HEADS, seq_len, HEAD_DIM, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, seq_len, dtype=torch.bool)
     mask[0, -seq_len // 3 :] = False
@@ -45,9 +49,20 @@ def largest_allocation(name: str, seq_len: int) -> tuple[int, str]:
     return record.largest, record.operator
 
 
-def linear_attentions():
-    built = {name: attention_zoo.build(name, seq_len=8, num_heads=1, head_dim=4) for name in attention_zoo.available()}
-    return sorted(name for name, attn in built.items() if attn.linear_memory)
+def linear_cases() -> dict[str, tuple[str, dict]]:
+    """Every registered attention with its defaults and every preset of conf/attention, if linear."""
+    cases = {name: (name, {}) for name in attention_zoo.available()}
+    for path in sorted(PRESETS.glob("*.yaml")):
+        preset = yaml.safe_load(path.read_text())
+        cases[f"preset-{path.stem}"] = (preset["name"], preset["hparams"])
+    return {
+        case: (name, hparams)
+        for case, (name, hparams) in cases.items()
+        if attention_zoo.build(name, seq_len=8, num_heads=1, head_dim=4, **hparams).linear_memory
+    }
+
+
+CASES = linear_cases()
 
 
 def test_the_recorder_sees_quadratic_forward_and_backward_allocations():
@@ -64,9 +79,10 @@ def test_the_recorder_sees_quadratic_forward_and_backward_allocations():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", linear_attentions())
-def test_memory_is_linear_in_the_sequence_length(name):
-    (small, _), (large, operator) = (largest_allocation(name, n) for n in SIZES)
+@pytest.mark.parametrize("case", CASES)
+def test_memory_is_linear_in_the_sequence_length(case):
+    name, hparams = CASES[case]
+    (small, _), (large, operator) = (largest_allocation(name, hparams, n) for n in SIZES)
     n = SIZES[-1]
-    assert large < n * n / 4, f"{name}: {operator} allocated {large} elements at n={n} (n*n = {n * n})"
-    assert large <= 2.2 * small, f"{name}: largest allocation grew {large / small:.2f}x from n={SIZES[0]} to n={n}"
+    assert large < n * n / 4, f"{case}: {operator} allocated {large} elements at n={n} (n*n = {n * n})"
+    assert large <= 2.2 * small, f"{case}: largest allocation grew {large / small:.2f}x from n={SIZES[0]} to n={n}"

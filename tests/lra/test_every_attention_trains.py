@@ -30,11 +30,15 @@ def listops_batch():
     return ids, torch.tensor([label for _, label in rows])
 
 
-@pytest.mark.parametrize("name", attention_zoo.available())
-def test_a_few_steps_reduce_the_loss(name, listops_batch):
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_a_few_steps_reduce_the_loss(path, listops_batch):
     ids, labels = listops_batch
+    preset = load_preset(path)
+    name = path.stem
     torch.manual_seed(0)
-    encoder = LRAEncoder(vocab_size=listops.VOCAB_SIZE, seq_len=64, attention=name, dropout=0.0)
+    encoder = LRAEncoder(
+        vocab_size=listops.VOCAB_SIZE, seq_len=64, attention=preset["name"], attention_hparams=preset["hparams"], dropout=0.0
+    )
     model = LRAClassifier(listops.NUM_CLASSES, encoder).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []

@@ -1,0 +1,251 @@
+"""YOSO's hashing and LSH-cumulation ops in pure PyTorch: the oracle and the fallback of the kernels.
+
+Notation: ``B`` folds batch and heads, ``n`` is the sequence length, ``d`` the vector width, ``m``
+the number of hashes and ``tau`` (``hash_bits``) the bits of one hash code. A hash code of a unit
+vector x is the sign pattern of tau projections of x; two vectors collide in one hash with
+probability ``(1 - theta/pi)^tau`` for angle theta when the projections are independent Gaussians
+(Charikar 2002), and approximately so for the fast pseudo-random rotation below.
+
+Every function here is linear in n in memory: the cumulations sort codes and sum per occupied
+bucket (memory independent of tau and of bucket sizes), rather than allocating 2^tau-row tables,
+and the collided-pair gradient enumerates colliding pairs in bounded chunks.
+
+* :func:`random_signs` / :func:`random_projections`: the randomness of one forward call, drawn on
+  the CPU from torch's global RNG so a seed gives the same codes on every device.
+* :func:`hash_codes`: codes from the fast random rotation ``H D3 H D2 H D1`` (Andoni et al. 2015),
+  H the Walsh-Hadamard transform and D_i random sign diagonals; one rotation of a vector padded to
+  ``d_pad`` (a power of two >= max(d, tau)) yields ``d_pad // tau`` codes.
+* :func:`gaussian_hash_codes`: codes from independent Gaussian hyperplanes (exact collision law).
+* :func:`lsh_cumulation`: ``out_i = (1/m) sum_h sum_j [q_h(i) = k_h(j)] v_j`` over real keys.
+* :func:`lsh_weighted_cumulation`: ``out_i = (1/m) sum_h sum_j [q_h(i) = k_h(j)] (qw_i . kw_j) v_j``.
+* :func:`lsh_collided_gradient`: ``out_i = sum_{j in U(i)} (qw_i . kw_j) f'(s x_ij) kv_j`` with
+  ``x_ij = qv_i . kv_j``, U(i) the real keys colliding with query i in at least one hash (each
+  counted once), ``f(x) = (1 - arccos(x)/pi)^tau`` and ``s = 0.99`` keeping f' finite.
+
+Masked (padded) keys never enter a bucket and masked queries get zero rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DERIVATIVE_SHRINK = 0.99  # f' is evaluated at 0.99 x, as the official kernels do, so 1/sqrt(1 - x^2) <= 7.1
+MAX_PAIRS_PER_CHUNK = 1 << 22  # collided pairs materialised at once by lsh_collided_gradient
+
+
+def padded_dim(dim: int, hash_bits: int) -> int:
+    """The Hadamard transform's width: the smallest power of two >= max(dim, hash_bits)."""
+    return 1 << (max(dim, hash_bits) - 1).bit_length()
+
+
+def num_rotations(dim: int, num_hashes: int, hash_bits: int) -> int:
+    return math.ceil(num_hashes / (padded_dim(dim, hash_bits) // hash_bits))
+
+
+def random_signs(batch: int, dim: int, num_hashes: int, hash_bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Random +-1 diagonals ``(batch, 3, rotations, d_pad)`` float32 for :func:`hash_codes`."""
+    shape = (batch, 3, num_rotations(dim, num_hashes, hash_bits), padded_dim(dim, hash_bits))
+    return (torch.randint(0, 2, shape, dtype=torch.int8) * 2 - 1).to(device=device, dtype=torch.float32)
+
+
+def random_projections(batch: int, dim: int, num_hashes: int, hash_bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gaussian hyperplanes ``(batch, dim, num_hashes * hash_bits)`` float32 for :func:`gaussian_hash_codes`."""
+    return torch.randn(batch, dim, num_hashes * hash_bits).to(device)
+
+
+def hadamard_matrix(size: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The unnormalised Walsh-Hadamard matrix of a power-of-two ``size`` (Sylvester's construction)."""
+    matrix = torch.ones(1, 1, device=device, dtype=dtype)
+    while matrix.shape[0] < size:
+        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+    return matrix
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """``(..., tau)`` booleans -> ``(...)`` int32 codes, bit i of the code from element i."""
+    weights = 1 << torch.arange(bits.shape[-1], device=bits.device, dtype=torch.int64)
+    return (bits.long() * weights).sum(-1).int()
+
+
+def hash_codes(vectors: torch.Tensor, signs: torch.Tensor, num_hashes: int, hash_bits: int) -> torch.Tensor:
+    """Hash codes ``(B, n, num_hashes)`` int32 of ``vectors`` ``(B, n, d)`` under the rotations ``signs``."""
+    batch, length, dim = vectors.shape
+    rotations, width = signs.shape[2], signs.shape[3]
+    per_rotation = width // hash_bits
+    if rotations * per_rotation < num_hashes:
+        raise ValueError(f"signs hold {rotations * per_rotation} hashes of {hash_bits} bits, {num_hashes} requested")
+    hadamard = hadamard_matrix(width, vectors.device)
+    x = torch.nn.functional.pad(vectors.float(), (0, width - dim))  # (B, n, d_pad)
+    x = x[:, :, None, :].expand(batch, length, rotations, width)  # (B, n, r, d_pad)
+    for step in range(3):
+        x = (x * signs[:, None, step]) @ hadamard  # (B, n, r, d_pad)
+    bits = x[..., : per_rotation * hash_bits] > 0  # (B, n, r, per_rotation * tau)
+    bits = bits.reshape(batch, length, rotations * per_rotation, hash_bits)  # (B, n, hashes, tau)
+    return pack_bits(bits)[:, :, :num_hashes]
+
+
+def gaussian_hash_codes(vectors: torch.Tensor, projections: torch.Tensor, num_hashes: int, hash_bits: int) -> torch.Tensor:
+    """Hash codes ``(B, n, num_hashes)`` int32 from independent Gaussian hyperplanes ``(B, d, m * tau)``."""
+    batch, length, _ = vectors.shape
+    bits = (vectors.float() @ projections) > 0  # (B, n, m * tau)
+    return pack_bits(bits.view(batch, length, num_hashes, hash_bits))
+
+
+def _bucket_ids(codes: torch.Tensor, hash_bits: int) -> torch.Tensor:
+    """Codes ``(B, n)`` of one hash -> int64 ids unique per (batch row, code)."""
+    rows = torch.arange(codes.shape[0], device=codes.device, dtype=torch.int64)[:, None]
+    return (rows << hash_bits) | codes.long()  # (B, n)
+
+
+def _cumulate_one_hash(query_codes, query_mask, key_codes, key_mask, values, hash_bits):
+    """``sum_j [q(i) = k(j)] values_j`` for one hash: codes (B, n), values (B, nk, c) -> (B, nq, c)."""
+    batch, num_queries = query_codes.shape
+    key_ids = _bucket_ids(key_codes, hash_bits)[key_mask]  # (real keys,)
+    buckets, key_bucket = torch.unique(key_ids, return_inverse=True)  # sorted occupied buckets
+    sums = values.new_zeros(len(buckets), values.shape[-1]).index_add_(0, key_bucket, values[key_mask])
+    query_ids = _bucket_ids(query_codes, hash_bits).flatten()  # (B * nq,)
+    if len(buckets) == 0:
+        return values.new_zeros(batch, num_queries, values.shape[-1])
+    position = torch.searchsorted(buckets, query_ids).clamp(max=len(buckets) - 1)
+    hit = (buckets[position] == query_ids) & query_mask.flatten()
+    out = sums[position] * hit[:, None]  # (B * nq, c)
+    return out.view(batch, num_queries, -1)
+
+
+def lsh_cumulation(
+    query_codes: torch.Tensor,
+    query_mask: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_mask: torch.Tensor,
+    values: torch.Tensor,
+    hash_bits: int,
+) -> torch.Tensor:
+    """``(1/m) sum_h sum_j [q_h(i) = k_h(j)] v_j``: codes ``(B, n, m)``, masks ``(B, n)`` bool, values ``(B, nk, c)``."""
+    num_hashes = query_codes.shape[-1]
+    values = values.float()
+    out = values.new_zeros(query_codes.shape[0], query_codes.shape[1], values.shape[-1])
+    for h in range(num_hashes):
+        out += _cumulate_one_hash(query_codes[..., h], query_mask, key_codes[..., h], key_mask, values, hash_bits)
+    return out / num_hashes
+
+
+def lsh_weighted_cumulation(
+    query_codes: torch.Tensor,
+    query_mask: torch.Tensor,
+    query_weights: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_mask: torch.Tensor,
+    key_weights: torch.Tensor,
+    values: torch.Tensor,
+    hash_bits: int,
+) -> torch.Tensor:
+    """``(1/m) sum_h sum_j [q_h(i) = k_h(j)] (qw_i . kw_j) v_j`` with weights ``(B, n, w)``.
+
+    Per hash, whichever is cheaper: enumerate the colliding pairs (cost ~ pairs * (w + c), small
+    when buckets hold few keys, as with tau ~ log2 n), or let each bucket sum the outer products
+    ``kw_j v_j^T`` (w x c) that each colliding query contracts with its weights, the paper's
+    "d runs of LSH-based Bernoulli sampling" in one pass (cost ~ n * w * c, whatever the buckets).
+    """
+    batch, num_queries, width = query_weights.shape
+    num_keys, channels = values.shape[1], values.shape[2]
+    query_weights, key_weights, values = query_weights.float(), key_weights.float(), values.float()
+    outer = None  # kw_j v_j^T of every key, built once if some hash needs the table
+    out = torch.zeros(batch * num_queries, channels, device=values.device)
+    flat_qw, flat_kw, flat_v = (t.reshape(-1, t.shape[-1]) for t in (query_weights, key_weights, values))
+    real_queries = query_mask.flatten().nonzero().squeeze(1)  # (real queries,) flat indices
+    table_cost = (num_keys + num_queries) * batch * width * channels
+    for h in range(query_codes.shape[-1]):
+        buckets = _SortedBuckets(key_codes[..., h], key_mask, hash_bits)
+        query_ids = _bucket_ids(query_codes[..., h], hash_bits).flatten()[real_queries]
+        starts, counts = buckets.ranges(query_ids)
+        if int(counts.sum()) * (width + channels) <= table_cost:
+            for pair_query, j in buckets.pairs(starts, counts):
+                i = real_queries[pair_query]
+                out.index_add_(0, i, (flat_qw[i] * flat_kw[j]).sum(-1, keepdim=True) * flat_v[j])
+            continue
+        if outer is None:
+            outer = (key_weights[..., :, None] * values[..., None, :]).view(batch, num_keys, width * channels)
+        bucket_sums = _cumulate_one_hash(query_codes[..., h], query_mask, key_codes[..., h], key_mask, outer, hash_bits)
+        bucket_sums = bucket_sums.view(batch * num_queries, width, channels)  # (B * nq, w, c)
+        out += torch.einsum("nw,nwc->nc", flat_qw, bucket_sums)
+    return out.view(batch, num_queries, channels) / query_codes.shape[-1]
+
+
+class _SortedBuckets:
+    """The real keys of one hash sorted by (batch row, code): each bucket is a contiguous range."""
+
+    def __init__(self, key_codes: torch.Tensor, key_mask: torch.Tensor, hash_bits: int) -> None:
+        key_ids = _bucket_ids(key_codes, hash_bits).masked_fill(~key_mask, -1).flatten()  # padded keys match nothing
+        self.sorted_ids, self.order = torch.sort(key_ids, stable=True)
+
+    def ranges(self, query_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start in sorted order and number of keys of each query's bucket."""
+        starts = torch.searchsorted(self.sorted_ids, query_ids, side="left")
+        return starts, torch.searchsorted(self.sorted_ids, query_ids, side="right") - starts
+
+    def pairs(self, starts: torch.Tensor, counts: torch.Tensor, max_pairs: int = MAX_PAIRS_PER_CHUNK):
+        """Yield ``(query position, key flat index)`` of every colliding pair, at most ``max_pairs`` at a time."""
+        pair_ends = torch.cumsum(counts, 0)
+        chunk_start = 0
+        while chunk_start < len(counts):
+            budget = pair_ends[chunk_start] - counts[chunk_start] + max_pairs
+            chunk_end = max(int(torch.searchsorted(pair_ends, budget, side="right")), chunk_start + 1)
+            chunk_counts = counts[chunk_start:chunk_end]
+            positions = torch.arange(chunk_start, chunk_end, device=counts.device)
+            pair_query = torch.repeat_interleave(positions, chunk_counts)
+            offset = torch.arange(len(pair_query), device=counts.device) - torch.repeat_interleave(
+                torch.cumsum(chunk_counts, 0) - chunk_counts, chunk_counts
+            )
+            yield pair_query, self.order[starts[pair_query] + offset]
+            chunk_start = chunk_end
+
+
+def collision_probability_derivative(x: torch.Tensor, hash_bits: int) -> torch.Tensor:
+    """d/dx (1 - arccos(x)/pi)^tau = tau p^(tau-1) / (pi sqrt(1 - x^2)), p = 1 - arccos(x)/pi."""
+    p = 1 - torch.arccos(x) / math.pi
+    return hash_bits * p.pow(hash_bits - 1) / (math.pi * torch.sqrt(1 - x * x))
+
+
+def lsh_collided_gradient(
+    query_codes: torch.Tensor,
+    query_mask: torch.Tensor,
+    query_vectors: torch.Tensor,
+    query_weights: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_mask: torch.Tensor,
+    key_vectors: torch.Tensor,
+    key_weights: torch.Tensor,
+    hash_bits: int,
+) -> torch.Tensor:
+    """``sum_{j in U(i)} (qw_i . kw_j) f'(0.99 qv_i . kv_j) kv_j`` over the union U(i) of collisions.
+
+    A pair colliding in several hashes is counted once, in the first hash where it collides. Keys
+    are sorted by code per hash; each query's bucket is a contiguous range of sorted keys, and the
+    pairs are materialised in chunks of queries of at most ``MAX_PAIRS_PER_CHUNK`` pairs, so memory is
+    linear in n; time is proportional to the number of colliding pairs.
+    """
+    batch, num_queries, _ = query_vectors.shape
+    flat = lambda t: t.float().reshape(-1, t.shape[-1])  # noqa: E731  (B, n, c) -> (B * n, c)
+    qv, kv, qw, kw = flat(query_vectors), flat(key_vectors), flat(query_weights), flat(key_weights)
+    q_codes, k_codes = query_codes.reshape(-1, query_codes.shape[-1]), key_codes.reshape(-1, key_codes.shape[-1])
+    out = torch.zeros_like(qv)
+    real_queries = query_mask.flatten().nonzero().squeeze(1)  # (real queries,) flat indices
+    for h in range(query_codes.shape[-1]):
+        buckets = _SortedBuckets(key_codes[..., h], key_mask, hash_bits)
+        query_ids = _bucket_ids(query_codes[..., h], hash_bits).flatten()[real_queries]
+        for pair_query, j in buckets.pairs(*buckets.ranges(query_ids)):
+            i = real_queries[pair_query]
+            first = (q_codes[i, :h] != k_codes[j, :h]).all(dim=1)  # no earlier hash collided
+            i, j = i[first], j[first]
+            x = (qv[i] * kv[j]).sum(-1) * DERIVATIVE_SHRINK
+            weight = (qw[i] * kw[j]).sum(-1) * collision_probability_derivative(x, hash_bits)
+            out.index_add_(0, i, weight[:, None] * kv[j])
+    return out.view(batch, num_queries, -1)
+
+
+def expected_collisions(queries: torch.Tensor, keys: torch.Tensor, hash_bits: int) -> torch.Tensor:
+    """YOSO-E's weights ``(1 - arccos(q . k)/pi)^tau`` of unit vectors: ``(B, nq, d), (B, nk, d) -> (B, nq, nk)``."""
+    cosine = (queries.float() @ keys.float().transpose(-1, -2)).clamp(-1.0, 1.0)
+    return (1 - torch.arccos(cosine) / math.pi).pow(hash_bits)
