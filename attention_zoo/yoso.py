@@ -49,8 +49,8 @@ its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays fini
 ``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
 
 tau (``hash_bits``) defaults to the paper's LRA rule, log2 of the padded length (11 for ListOps'
-2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. The ops are
-``yoso_cuda.reference``'s pure-PyTorch functions.
+2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. The ops run on
+``yoso_cuda``'s compiled kernels when they are built, else on its pure-PyTorch reference.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yoso_cuda import reference
+from yoso_cuda import ops, reference
 
 from ._checks import check_inputs, zero_masked_queries
 from .registry import Attention, register
@@ -96,7 +96,7 @@ class LSHCumulation(torch.autograd.Function):
     def forward(ctx, queries, keys, values, mask, query_codes, key_codes, hash_bits, backward):
         ctx.save_for_backward(queries, keys, values, mask, query_codes, key_codes)
         ctx.hash_bits, ctx.backward = hash_bits, backward
-        return reference.lsh_cumulation(query_codes, mask, key_codes, mask, values, hash_bits)
+        return ops.lsh_cumulation(query_codes, mask, key_codes, mask, values, hash_bits)
 
     @staticmethod
     def backward(ctx, grad):
@@ -104,17 +104,17 @@ class LSHCumulation(torch.autograd.Function):
         tau = ctx.hash_bits
         grad_q = grad_k = grad_v = None
         if ctx.needs_input_grad[2]:
-            grad_v = reference.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau)
+            grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau)
         if ctx.backward == "lower_bound":
             if ctx.needs_input_grad[0]:
-                grad_q = (tau / 2) * reference.lsh_weighted_cumulation(query_codes, mask, grad, key_codes, mask, values, keys, tau)
+                grad_q = (tau / 2) * ops.lsh_weighted_cumulation(query_codes, mask, grad, key_codes, mask, values, keys, tau)
             if ctx.needs_input_grad[1]:
-                grad_k = (tau / 2) * reference.lsh_weighted_cumulation(key_codes, mask, values, query_codes, mask, grad, queries, tau)
+                grad_k = (tau / 2) * ops.lsh_weighted_cumulation(key_codes, mask, values, query_codes, mask, grad, queries, tau)
         else:
             if ctx.needs_input_grad[0]:
-                grad_q = reference.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau)
+                grad_q = ops.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau)
             if ctx.needs_input_grad[1]:
-                grad_k = reference.lsh_collided_gradient(key_codes, mask, keys, values, query_codes, mask, queries, grad, tau)
+                grad_k = ops.lsh_collided_gradient(key_codes, mask, keys, values, query_codes, mask, queries, grad, tau)
         return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
@@ -192,4 +192,4 @@ class YosoAttention(Attention):
             projections = reference.random_projections(batch, dim, m, tau, queries.device)
             return (reference.gaussian_hash_codes(x, projections, m, tau) for x in (queries, keys))
         signs = reference.random_signs(batch, dim, m, tau, queries.device)
-        return reference.hash_codes(queries, signs, m, tau), reference.hash_codes(keys, signs, m, tau)
+        return ops.hash_codes(queries, signs, m, tau), ops.hash_codes(keys, signs, m, tau)

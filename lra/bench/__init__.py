@@ -1,0 +1,1 @@
+"""Benchmarks that write results into results/: ``python -m lra.bench <name> --help``."""

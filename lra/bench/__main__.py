@@ -1,0 +1,18 @@
+"""``python -m lra.bench kernels ...``: run one benchmark (see each module's docstring)."""
+
+import sys
+
+from . import kernels
+
+BENCHMARKS = {"kernels": kernels.main}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
+        print(f"usage: python -m lra.bench {{{','.join(BENCHMARKS)}}} [options]; each takes --help")
+        return 2
+    return BENCHMARKS[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""YOSO's kernels against softmax attention: time and peak memory of one attention call.
+
+``python -m lra.bench kernels [--device cpu|cuda] [--lengths 1024 ...] [--head-dims 32 64]
+[--dtypes float32 bfloat16] [--reference-max-length N]`` times the core attention alone
+(batch 1, 2 heads, q/k/v given) for:
+
+* ``softmax/<backend>``: ``scaled_dot_product_attention`` with every SDPA backend that runs on the
+  device (flash, efficient, cudnn, math on a GPU; the CPU's default);
+* ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels;
+* ``yoso_32/reference``: the same on the pure-PyTorch reference (up to ``--reference-max-length``).
+
+Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
+Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len, head_dim, dtype, time_ms,
+peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
+(out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+import attention_zoo
+from lra.results import device_name
+from yoso_cuda import ops
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
+
+
+def sdpa_backends(device: torch.device) -> dict[str, object]:
+    if device.type != "cuda":
+        return {"default": None}
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
+    """Median milliseconds of ``run()`` after one warm-up, and the peak CUDA memory (MB, NaN on CPU)."""
+    run()
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan
+    return statistics.median(times), peak
+
+
+def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, device: torch.device, backward: bool):
+    """A closure running one attention call (and its backward) on fresh random q, k, v."""
+    q, k, v = (torch.randn(1, 2, length, head_dim, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
+    if method.startswith("softmax"):
+        backend = sdpa_backends(device)[method.split("/")[1]]
+
+        def forward():
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v)
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+
+    else:
+        attn = attention_zoo.build("yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32).to(device)
+        patch = mock.patch.object(ops, "has_kernel", lambda device: False) if method.endswith("reference") else nullcontext()
+
+        def forward():
+            with patch:
+                return attn(q, k, v)
+
+    def run():
+        out = forward()
+        if backward:
+            out.backward(torch.ones_like(out))
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lra.bench kernels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="default: 1K..64K on a GPU, 1K..32K on a CPU")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--reference-max-length", type=int, default=8192)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
+    kernels = ops.kernels()
+    print(f"torch {torch.__version__} on {device_name(device)}; YOSO kernels: cpu={kernels.cpu} cuda={kernels.cuda}")
+    methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"kernels_{device.type}.csv"
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for head_dim in args.head_dims:
+            for length in lengths:
+                for method in methods:
+                    if method.endswith("reference") and length > args.reference_max_length:
+                        continue
+                    for backward in (False, True):
+                        row = dict(method=method, seq_len=length, head_dim=head_dim, dtype=dtype_name,
+                                   device=device_name(device), torch=torch.__version__, error="")
+                        row["pass"] = "forward+backward" if backward else "forward"
+                        try:
+                            run = attention_call(method, length, head_dim, dtype, device, backward)
+                            row["time_ms"], row["peak_memory_mb"] = measure(run, device, args.repeats)
+                        except (RuntimeError, torch.OutOfMemoryError) as error:
+                            row["time_ms"] = row["peak_memory_mb"] = math.nan
+                            row["error"] = str(error).splitlines()[0][:200]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                        rows.append(row)
+                        print(f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<18} {row['pass']:<16} "
+                              f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}", flush=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.out / f"kernels_{device.type}.png", f"{device_name(device)}, torch {torch.__version__}")
+    print(f"wrote {path} ({platform.node()})")
+    return 0
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    combos = sorted({(r["dtype"], r["head_dim"]) for r in rows})
+    figure, axes = plt.subplots(2, len(combos), figsize=(5 * len(combos), 8), squeeze=False)
+    for column, (dtype, head_dim) in enumerate(combos):
+        for row_index, pass_name in enumerate(("forward", "forward+backward")):
+            axis = axes[row_index][column]
+            for method in sorted({r["method"] for r in rows}):
+                points = [(r["seq_len"], r["time_ms"]) for r in rows
+                          if r["method"] == method and r["pass"] == pass_name and r["dtype"] == dtype
+                          and r["head_dim"] == head_dim and not math.isnan(r["time_ms"])]
+                if points:
+                    axis.plot(*zip(*points), marker="o", label=method)
+            axis.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="time (ms)",
+                     title=f"{pass_name}, {dtype}, head dim {head_dim}")
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)

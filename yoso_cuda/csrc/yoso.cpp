@@ -1,0 +1,415 @@
+// YOSO's ops: the schemas (TORCH_LIBRARY) and their CPU kernels.
+//
+// The semantics are those of yoso_cuda/reference.py, the oracle the tests compare against:
+// B folds batch and heads, n is the sequence length, m the number of hashes, tau the bits of a
+// hash code (codes are int32 in [0, 2^tau)), masks are bool (true = real token). Padded keys
+// never contribute and padded queries get zero rows. Inputs may be float32, float16 or bfloat16;
+// everything accumulates and returns in float32.
+//
+// The CPU kernels group the real keys of each (row, hash) by code, so each occupied bucket is a
+// contiguous range, and work bucket by bucket; memory stays linear in n whatever tau is. Rows are
+// processed in parallel (at::parallel_for) and hashes in a fixed order, so results are
+// deterministic.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace yoso {
+
+constexpr int64_t kMaxHashBits = 30;
+constexpr float kDerivativeShrink = 0.99f;  // f' is evaluated at 0.99 x so 1/sqrt(1 - x^2) stays <= 7.1
+constexpr double kPi = 3.14159265358979323846;
+
+namespace {
+
+void check_codes(const at::Tensor& codes, const char* name) {
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kInt, name,
+              " must be an int32 tensor of shape (B, n, num_hashes), got ", codes.scalar_type(), " ",
+              codes.sizes());
+}
+
+void check_mask(const at::Tensor& mask, const at::Tensor& codes, const char* name) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == codes.size(0) &&
+                  mask.size(1) == codes.size(1),
+              name, " must be a bool tensor of shape (B, n) = ", codes.sizes().slice(0, 2), ", got ",
+              mask.scalar_type(), " ", mask.sizes());
+}
+
+void check_rows(const at::Tensor& tensor, const at::Tensor& codes, const char* name) {
+  TORCH_CHECK(tensor.dim() == 3 && tensor.size(0) == codes.size(0) && tensor.size(1) == codes.size(1), name,
+              " must have shape (B, n, channels) with (B, n) = ", codes.sizes().slice(0, 2), ", got ",
+              tensor.sizes());
+  TORCH_CHECK(at::isFloatingType(tensor.scalar_type()), name, " must be float32, float16 or bfloat16, got ",
+              tensor.scalar_type());
+}
+
+void check_hash_bits(int64_t hash_bits) {
+  TORCH_CHECK(hash_bits >= 1 && hash_bits <= kMaxHashBits, "hash_bits must be in [1, ", kMaxHashBits,
+              "] (int32 codes), got ", hash_bits);
+}
+
+void check_same_hashes(const at::Tensor& query_codes, const at::Tensor& key_codes) {
+  TORCH_CHECK(query_codes.size(0) == key_codes.size(0) && query_codes.size(2) == key_codes.size(2),
+              "query_codes and key_codes must share B and num_hashes, got ", query_codes.sizes(), " and ",
+              key_codes.sizes());
+}
+
+at::Tensor as_float(const at::Tensor& tensor) { return tensor.to(at::kFloat).contiguous(); }
+
+// The real rows of one (batch row, hash) grouped by code: bucket u holds code codes[u] and rows
+// order[start[u]..start[u+1]). When 2^tau is at most a few times the length, a counting sort over
+// every code is linear and `find` is a lookup (memory O(n + 2^tau) = O(n)); otherwise the rows are
+// sorted by code and `find` is a binary search over the occupied codes.
+class Buckets {
+ public:
+  std::vector<int32_t> codes;
+  std::vector<int64_t> start;
+  std::vector<int64_t> order;
+
+  Buckets(const int32_t* row_codes, const bool* row_mask, int64_t length, int64_t num_hashes, int64_t hash,
+          int64_t hash_bits)
+      : dense_((int64_t{1} << hash_bits) <= 4 * length + 64) {
+    if (dense_) {
+      const int64_t capacity = int64_t{1} << hash_bits;
+      std::vector<int64_t> offset(capacity + 1, 0);
+      for (int64_t j = 0; j < length; ++j) {
+        if (row_mask[j]) ++offset[row_codes[j * num_hashes + hash] + 1];
+      }
+      for (int64_t c = 0; c < capacity; ++c) offset[c + 1] += offset[c];
+      order.resize(offset[capacity]);
+      std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+      for (int64_t j = 0; j < length; ++j) {  // in row order, so each bucket lists its rows ascending
+        if (row_mask[j]) order[fill[row_codes[j * num_hashes + hash]]++] = j;
+      }
+      slot_.assign(capacity, -1);
+      for (int64_t c = 0; c < capacity; ++c) {
+        if (offset[c + 1] > offset[c]) {
+          slot_[c] = static_cast<int64_t>(codes.size());
+          codes.push_back(static_cast<int32_t>(c));
+          start.push_back(offset[c]);
+        }
+      }
+      start.push_back(offset[capacity]);
+      return;
+    }
+    std::vector<std::pair<int32_t, int64_t>> entries;
+    entries.reserve(length);
+    for (int64_t j = 0; j < length; ++j) {
+      if (row_mask[j]) entries.emplace_back(row_codes[j * num_hashes + hash], j);
+    }
+    std::sort(entries.begin(), entries.end());
+    order.reserve(entries.size());
+    for (size_t e = 0; e < entries.size(); ++e) {
+      if (e == 0 || entries[e].first != entries[e - 1].first) {
+        codes.push_back(entries[e].first);
+        start.push_back(static_cast<int64_t>(e));
+      }
+      order.push_back(entries[e].second);
+    }
+    start.push_back(static_cast<int64_t>(entries.size()));
+  }
+
+  int64_t size() const { return static_cast<int64_t>(codes.size()); }
+
+  // Index of the bucket holding `code`, or -1.
+  int64_t find(int32_t code) const {
+    if (dense_) return slot_[code];
+    auto it = std::lower_bound(codes.begin(), codes.end(), code);
+    return (it != codes.end() && *it == code) ? static_cast<int64_t>(it - codes.begin()) : -1;
+  }
+
+ private:
+  bool dense_;
+  std::vector<int64_t> slot_;  // dense mode: code -> bucket index or -1
+};
+
+inline float dot(const float* a, const float* b, int64_t size) {
+  float total = 0.f;
+  for (int64_t k = 0; k < size; ++k) total += a[k] * b[k];
+  return total;
+}
+
+inline void add_scaled(float* out, const float* x, float scale, int64_t size) {
+  for (int64_t k = 0; k < size; ++k) out[k] += scale * x[k];
+}
+
+constexpr int64_t kLanes = 16;  // vectors hashed together by hash_codes_cpu
+
+// In-place unnormalised Walsh-Hadamard transform of kLanes vectors of a power-of-two length, stored
+// coordinate-major: x[k * kLanes + lane]. The butterflies run in the natural order (strides 1, 2, 4...).
+void hadamard_transform_lanes(float* x, int64_t size) {
+  for (int64_t half = 1; half < size; half *= 2) {
+    for (int64_t i = 0; i < size; i += 2 * half) {
+      for (int64_t j = i; j < i + half; ++j) {
+        float* low = x + j * kLanes;
+        float* high = x + (j + half) * kLanes;
+        for (int64_t lane = 0; lane < kLanes; ++lane) {
+          const float a = low[lane], b = high[lane];
+          low[lane] = a + b;
+          high[lane] = a - b;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor hash_codes_cpu(const at::Tensor& vectors, const at::Tensor& signs, int64_t num_hashes, int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  TORCH_CHECK(vectors.dim() == 3 && at::isFloatingType(vectors.scalar_type()),
+              "vectors must be a float tensor (B, n, d), got ", vectors.scalar_type(), " ", vectors.sizes());
+  TORCH_CHECK(signs.dim() == 4 && signs.size(0) == vectors.size(0) && signs.size(1) == 3 &&
+                  signs.scalar_type() == at::kFloat,
+              "signs must be float32 (B, 3, rotations, width), got ", signs.scalar_type(), " ", signs.sizes());
+  const int64_t batch = vectors.size(0), length = vectors.size(1), dim = vectors.size(2);
+  const int64_t rotations = signs.size(2), width = signs.size(3), per_rotation = width / hash_bits;
+  TORCH_CHECK(width >= dim && width >= hash_bits && (width & (width - 1)) == 0,
+              "signs' width must be a power of two >= max(d, hash_bits) = ", std::max(dim, hash_bits), ", got ", width);
+  TORCH_CHECK(num_hashes >= 1 && rotations * per_rotation >= num_hashes, "signs hold ", rotations * per_rotation,
+              " hashes of ", hash_bits, " bits, ", num_hashes, " requested");
+  const at::Tensor x_all = as_float(vectors);
+  const at::Tensor s_all = signs.contiguous();
+  at::Tensor out = at::empty({batch, length, num_hashes}, vectors.options().dtype(at::kInt));
+  const float* x_data = x_all.data_ptr<float>();
+  const float* s_data = s_all.data_ptr<float>();
+  int32_t* out_data = out.data_ptr<int32_t>();
+  // Blocks of kLanes vectors of one batch row, stored coordinate-major (buffer[k * kLanes + lane]),
+  // so every step of the transform is a loop over kLanes contiguous floats that vectorises.
+  const int64_t blocks_per_row = (length + kLanes - 1) / kLanes;
+  at::parallel_for(0, batch * blocks_per_row, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(width * kLanes);
+    std::vector<int32_t> codes(kLanes);
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t b = block / blocks_per_row, first = (block % blocks_per_row) * kLanes;
+      const int64_t lanes = std::min(kLanes, length - first);
+      const float* vectors_in = x_data + (b * length + first) * dim;
+      for (int64_t r = 0; r < rotations; ++r) {
+        std::fill(buffer.begin(), buffer.end(), 0.f);
+        for (int64_t lane = 0; lane < lanes; ++lane) {
+          for (int64_t k = 0; k < dim; ++k) buffer[k * kLanes + lane] = vectors_in[lane * dim + k];
+        }
+        for (int64_t step = 0; step < 3; ++step) {
+          const float* diagonal = s_data + ((b * 3 + step) * rotations + r) * width;
+          for (int64_t k = 0; k < width; ++k) {
+            for (int64_t lane = 0; lane < kLanes; ++lane) buffer[k * kLanes + lane] *= diagonal[k];
+          }
+          hadamard_transform_lanes(buffer.data(), width);
+        }
+        for (int64_t t = 0; t < per_rotation && r * per_rotation + t < num_hashes; ++t) {
+          std::fill(codes.begin(), codes.end(), 0);
+          for (int64_t bit = 0; bit < hash_bits; ++bit) {
+            const float* coordinate = buffer.data() + (t * hash_bits + bit) * kLanes;
+            for (int64_t lane = 0; lane < kLanes; ++lane) codes[lane] |= static_cast<int32_t>(coordinate[lane] > 0.f) << bit;
+          }
+          for (int64_t lane = 0; lane < lanes; ++lane) {
+            out_data[((b * length) + first + lane) * num_hashes + r * per_rotation + t] = codes[lane];
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
+                              const at::Tensor& key_codes, const at::Tensor& key_mask, const at::Tensor& values,
+                              int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  check_codes(query_codes, "query_codes");
+  check_codes(key_codes, "key_codes");
+  check_same_hashes(query_codes, key_codes);
+  check_mask(query_mask, query_codes, "query_mask");
+  check_mask(key_mask, key_codes, "key_mask");
+  check_rows(values, key_codes, "values");
+  const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
+  const int64_t num_hashes = query_codes.size(2), channels = values.size(2);
+  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous(), v = as_float(values);
+  at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums;
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
+      const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
+      const bool* qm = q_mask.data_ptr<bool>() + b * num_queries;
+      const bool* km = k_mask.data_ptr<bool>() + b * num_keys;
+      const float* vb = v.data_ptr<float>() + b * num_keys * channels;
+      float* ob = out.data_ptr<float>() + b * num_queries * channels;
+      for (int64_t h = 0; h < num_hashes; ++h) {
+        const Buckets buckets(kc, km, num_keys, num_hashes, h, hash_bits);
+        sums.assign(buckets.size() * channels, 0.f);
+        for (int64_t u = 0; u < buckets.size(); ++u) {
+          for (int64_t e = buckets.start[u]; e < buckets.start[u + 1]; ++e) {
+            add_scaled(sums.data() + u * channels, vb + buckets.order[e] * channels, 1.f, channels);
+          }
+        }
+        for (int64_t i = 0; i < num_queries; ++i) {
+          if (!qm[i]) continue;
+          const int64_t u = buckets.find(qc[i * num_hashes + h]);
+          if (u >= 0) add_scaled(ob + i * channels, sums.data() + u * channels, 1.f, channels);
+        }
+      }
+      for (int64_t k = 0; k < num_queries * channels; ++k) ob[k] /= static_cast<float>(num_hashes);
+    }
+  });
+  return out;
+}
+
+at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
+                                       const at::Tensor& query_weights, const at::Tensor& key_codes,
+                                       const at::Tensor& key_mask, const at::Tensor& key_weights,
+                                       const at::Tensor& values, int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  check_codes(query_codes, "query_codes");
+  check_codes(key_codes, "key_codes");
+  check_same_hashes(query_codes, key_codes);
+  check_mask(query_mask, query_codes, "query_mask");
+  check_mask(key_mask, key_codes, "key_mask");
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(key_weights, key_codes, "key_weights");
+  check_rows(values, key_codes, "values");
+  TORCH_CHECK(query_weights.size(2) == key_weights.size(2), "query_weights and key_weights must have the same width, got ",
+              query_weights.size(2), " and ", key_weights.size(2));
+  const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
+  const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2), channels = values.size(2);
+  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
+  const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights), v = as_float(values);
+  at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> table(width * channels);
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
+      const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
+      const bool* qm = q_mask.data_ptr<bool>() + b * num_queries;
+      const bool* km = k_mask.data_ptr<bool>() + b * num_keys;
+      const float* qwb = qw.data_ptr<float>() + b * num_queries * width;
+      const float* kwb = kw.data_ptr<float>() + b * num_keys * width;
+      const float* vb = v.data_ptr<float>() + b * num_keys * channels;
+      float* ob = out.data_ptr<float>() + b * num_queries * channels;
+      for (int64_t h = 0; h < num_hashes; ++h) {
+        const Buckets keys(kc, km, num_keys, num_hashes, h, hash_bits);
+        const Buckets queries(qc, qm, num_queries, num_hashes, h, hash_bits);
+        for (int64_t uq = 0; uq < queries.size(); ++uq) {
+          const int64_t uk = keys.find(queries.codes[uq]);
+          if (uk < 0) continue;
+          const int64_t q_begin = queries.start[uq], q_end = queries.start[uq + 1];
+          const int64_t k_begin = keys.start[uk], k_end = keys.start[uk + 1];
+          const int64_t pair_cost = (q_end - q_begin) * (k_end - k_begin) * (width + channels);
+          const int64_t table_cost = ((q_end - q_begin) + (k_end - k_begin)) * width * channels;
+          if (pair_cost <= table_cost) {  // few pairs: weight each colliding pair directly
+            for (int64_t e = q_begin; e < q_end; ++e) {
+              const int64_t i = queries.order[e];
+              for (int64_t f = k_begin; f < k_end; ++f) {
+                const int64_t j = keys.order[f];
+                add_scaled(ob + i * channels, vb + j * channels, dot(qwb + i * width, kwb + j * width, width), channels);
+              }
+            }
+          } else {  // a crowded bucket: sum kw_j v_j^T once, contract it with each query's weights
+            std::fill(table.begin(), table.end(), 0.f);
+            for (int64_t f = k_begin; f < k_end; ++f) {
+              const int64_t j = keys.order[f];
+              for (int64_t w = 0; w < width; ++w) add_scaled(table.data() + w * channels, vb + j * channels, kwb[j * width + w], channels);
+            }
+            for (int64_t e = q_begin; e < q_end; ++e) {
+              const int64_t i = queries.order[e];
+              for (int64_t w = 0; w < width; ++w) add_scaled(ob + i * channels, table.data() + w * channels, qwb[i * width + w], channels);
+            }
+          }
+        }
+      }
+      for (int64_t k = 0; k < num_queries * channels; ++k) ob[k] /= static_cast<float>(num_hashes);
+    }
+  });
+  return out;
+}
+
+at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
+                                     const at::Tensor& query_vectors, const at::Tensor& query_weights,
+                                     const at::Tensor& key_codes, const at::Tensor& key_mask,
+                                     const at::Tensor& key_vectors, const at::Tensor& key_weights, int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  check_codes(query_codes, "query_codes");
+  check_codes(key_codes, "key_codes");
+  check_same_hashes(query_codes, key_codes);
+  check_mask(query_mask, query_codes, "query_mask");
+  check_mask(key_mask, key_codes, "key_mask");
+  check_rows(query_vectors, query_codes, "query_vectors");
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(key_vectors, key_codes, "key_vectors");
+  check_rows(key_weights, key_codes, "key_weights");
+  TORCH_CHECK(query_vectors.size(2) == key_vectors.size(2) && query_weights.size(2) == key_weights.size(2),
+              "queries and keys must have the same vector width and the same weight width");
+  const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
+  const int64_t num_hashes = query_codes.size(2), dim = query_vectors.size(2), width = query_weights.size(2);
+  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
+  const at::Tensor qv = as_float(query_vectors), kv = as_float(key_vectors);
+  const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights);
+  at::Tensor out = at::zeros({batch, num_queries, dim}, query_vectors.options().dtype(at::kFloat));
+  const float tau = static_cast<float>(hash_bits);
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
+      const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
+      const bool* qm = q_mask.data_ptr<bool>() + b * num_queries;
+      const bool* km = k_mask.data_ptr<bool>() + b * num_keys;
+      const float* qvb = qv.data_ptr<float>() + b * num_queries * dim;
+      const float* kvb = kv.data_ptr<float>() + b * num_keys * dim;
+      const float* qwb = qw.data_ptr<float>() + b * num_queries * width;
+      const float* kwb = kw.data_ptr<float>() + b * num_keys * width;
+      float* ob = out.data_ptr<float>() + b * num_queries * dim;
+      for (int64_t h = 0; h < num_hashes; ++h) {
+        const Buckets keys(kc, km, num_keys, num_hashes, h, hash_bits);
+        for (int64_t i = 0; i < num_queries; ++i) {
+          if (!qm[i]) continue;
+          const int64_t u = keys.find(qc[i * num_hashes + h]);
+          if (u < 0) continue;
+          for (int64_t f = keys.start[u]; f < keys.start[u + 1]; ++f) {
+            const int64_t j = keys.order[f];
+            bool collided_before = false;  // count each pair once, in the first hash where it collides
+            for (int64_t g = 0; g < h && !collided_before; ++g) {
+              collided_before = qc[i * num_hashes + g] == kc[j * num_hashes + g];
+            }
+            if (collided_before) continue;
+            const float x = kDerivativeShrink * dot(qvb + i * dim, kvb + j * dim, dim);
+            const float p = 1.f - std::acos(x) / static_cast<float>(kPi);
+            const float derivative = tau * std::pow(p, tau - 1.f) / (static_cast<float>(kPi) * std::sqrt(1.f - x * x));
+            add_scaled(ob + i * dim, kvb + j * dim, dot(qwb + i * width, kwb + j * width, width) * derivative, dim);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+TORCH_LIBRARY(yoso, m) {
+  m.def("hash_codes(Tensor vectors, Tensor signs, int num_hashes, int hash_bits) -> Tensor");
+  m.def(
+      "lsh_cumulation(Tensor query_codes, Tensor query_mask, Tensor key_codes, Tensor key_mask, Tensor values, "
+      "int hash_bits) -> Tensor");
+  m.def(
+      "lsh_weighted_cumulation(Tensor query_codes, Tensor query_mask, Tensor query_weights, Tensor key_codes, "
+      "Tensor key_mask, Tensor key_weights, Tensor values, int hash_bits) -> Tensor");
+  m.def(
+      "lsh_collided_gradient(Tensor query_codes, Tensor query_mask, Tensor query_vectors, Tensor query_weights, "
+      "Tensor key_codes, Tensor key_mask, Tensor key_vectors, Tensor key_weights, int hash_bits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(yoso, CPU, m) {
+  m.impl("hash_codes", &hash_codes_cpu);
+  m.impl("lsh_cumulation", &lsh_cumulation_cpu);
+  m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cpu);
+  m.impl("lsh_collided_gradient", &lsh_collided_gradient_cpu);
+}
+
+}  // namespace yoso
