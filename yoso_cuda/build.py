@@ -2,8 +2,9 @@
 
 The CPU kernels (``csrc/yoso.cpp``) build wherever a C++ compiler is found. The CUDA kernels
 (``csrc/cuda/*.cu``) are added whenever torch is a CUDA build and a CUDA toolkit is found
-(``CUDA_HOME``), even on a machine without a GPU; set ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``) there,
-since no GPU can be asked for its architecture. ``YOSO_KERNELS=cpu`` builds only the CPU kernels
+(``CUDA_HOME``); on a machine without a GPU only when ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``) names
+the architectures, since no GPU can be asked (CI does this so a kernel that does not compile never
+lands). ``YOSO_KERNELS=cpu`` builds only the CPU kernels
 and ``YOSO_KERNELS=0`` skips building (the pure-PyTorch reference runs).
 
 The library is cached in torch's extensions folder (``TORCH_EXTENSIONS_DIR``) under a name that
@@ -54,21 +55,27 @@ def build(verbose: bool = False) -> BuildReport:
     if choice in {"0", "off", "none", "reference"}:
         report.error = "disabled by YOSO_KERNELS=" + choice
         return report
-    from torch.utils import cpp_extension
-
     sources = [SOURCES / "yoso.cpp"]
     toolkit = None if choice == "cpu" else cuda_toolkit()
-    if toolkit is not None and not any((SOURCES / "cuda").glob("*.cu")):
+    cuda_sources = sorted((SOURCES / "cuda").glob("*.cu"))
+    if choice == "cpu":
+        report.notes.append("YOSO_KERNELS=cpu: CPU kernels only")
+    elif toolkit is None:
+        report.notes.append("no CUDA toolkit (nvcc under CUDA_HOME) or a CPU-only torch: CPU kernels only")
+    elif not cuda_sources:
         toolkit = None
         report.notes.append("no CUDA sources in csrc/cuda: CPU kernels only")
+    elif not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        toolkit = None  # nothing to run them on, and no architecture to compile for
+        report.notes.append("no GPU visible: CPU kernels only (set TORCH_CUDA_ARCH_LIST to compile the CUDA ones anyway)")
     if toolkit is not None:
-        os.environ["CUDA_HOME"] = toolkit
-        cpp_extension.CUDA_HOME = toolkit  # torch reads its own guess, taken at import
-        sources += sorted((SOURCES / "cuda").glob("*.cu"))
+        os.environ["CUDA_HOME"] = toolkit  # before torch's cpp_extension reads (and guesses) it
+        sources += cuda_sources
         report.cuda_archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "detected from the visible GPUs")
-    elif choice != "cpu":
-        report.notes.append("no CUDA toolkit (nvcc under CUDA_HOME) or a CPU-only torch: CPU kernels only")
+    from torch.utils import cpp_extension
 
+    if toolkit is not None:
+        cpp_extension.CUDA_HOME = toolkit  # it may have been imported (and guessed) before we set CUDA_HOME
     try:
         library = cpp_extension.load(
             name=LIBRARY_NAME + ("_cuda" if toolkit else "_cpu"),

@@ -67,6 +67,9 @@ at::Tensor as_float(const at::Tensor& tensor) { return tensor.to(at::kFloat).con
 // order[start[u]..start[u+1]). When 2^tau is at most a few times the length, a counting sort over
 // every code is linear and `find` is a lookup (memory O(n + 2^tau) = O(n)); otherwise the rows are
 // sorted by code and `find` is a binary search over the occupied codes.
+// Whether a table with one row per code (2^tau rows) stays linear in the length.
+inline bool uses_dense_table(int64_t hash_bits, int64_t length) { return (int64_t{1} << hash_bits) <= 4 * length + 64; }
+
 class Buckets {
  public:
   std::vector<int32_t> codes;
@@ -75,7 +78,7 @@ class Buckets {
 
   Buckets(const int32_t* row_codes, const bool* row_mask, int64_t length, int64_t num_hashes, int64_t hash,
           int64_t hash_bits)
-      : dense_((int64_t{1} << hash_bits) <= 4 * length + 64) {
+      : dense_(uses_dense_table(hash_bits, length)) {
     if (dense_) {
       const int64_t capacity = int64_t{1} << hash_bits;
       std::vector<int64_t> offset(capacity + 1, 0);
@@ -234,6 +237,7 @@ at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& q
   const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous(), v = as_float(values);
   at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
+  const bool dense = uses_dense_table(hash_bits, num_keys);
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sums;
     for (int64_t b = begin; b < end; ++b) {
@@ -244,6 +248,16 @@ at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& q
       const float* vb = v.data_ptr<float>() + b * num_keys * channels;
       float* ob = out.data_ptr<float>() + b * num_queries * channels;
       for (int64_t h = 0; h < num_hashes; ++h) {
+        if (dense) {  // 2^tau is O(n): one table row per code, scatter the keys, gather the queries
+          sums.assign((int64_t{1} << hash_bits) * channels, 0.f);
+          for (int64_t j = 0; j < num_keys; ++j) {
+            if (km[j]) add_scaled(sums.data() + kc[j * num_hashes + h] * channels, vb + j * channels, 1.f, channels);
+          }
+          for (int64_t i = 0; i < num_queries; ++i) {
+            if (qm[i]) add_scaled(ob + i * channels, sums.data() + qc[i * num_hashes + h] * channels, 1.f, channels);
+          }
+          continue;
+        }
         const Buckets buckets(kc, km, num_keys, num_hashes, h, hash_bits);
         sums.assign(buckets.size() * channels, 0.f);
         for (int64_t u = 0; u < buckets.size(); ++u) {

@@ -1,0 +1,964 @@
+// CUDA kernels of the yoso ops (schemas and CPU kernels in ../yoso.cpp, semantics in
+// yoso_cuda/reference.py).
+//
+// Every op here is deterministic: no floating-point atomics anywhere, every sum runs in a fixed
+// order, so the same inputs give bitwise-identical outputs run after run, with or without
+// at::globalContext().deterministicAlgorithms(); there is a single path.
+//
+// The three LSH ops share one structure, processed a chunk of hashes at a time (memory linear in n):
+//   1. per (batch row b, hash h) a segment of nk sort keys ((segment << (tau + 1)) | code), padded
+//      keys carrying bit tau so that they sort last in their segment and match no query;
+//   2. one stable CUB radix sort of all segments of the chunk (keys ascending, key index as value):
+//      each occupied bucket becomes a contiguous range of sorted positions, keys in index order;
+//   3. one warp per real query binary-searches its bucket in each hash of the chunk and owns its
+//      output row, adding the hashes' contributions in hash order.
+// lsh_cumulation pre-sums each bucket in pieces of at most kPiece sorted keys; lsh_weighted_cumulation
+// enumerates colliding pairs in light buckets and contracts the query weights with a per-bucket
+// sum of kw (x) v outer products in heavy ones; lsh_collided_gradient enumerates pairs, keeping a
+// pair only in the first hash where it collides.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>  // at::cuda::getCurrentCUDAStream, without ATen/cuda/CUDAContext.h's cuBLAS/cuSPARSE headers
+#include <torch/library.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace yoso {
+namespace {
+
+using key_t = unsigned long long;
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kBlock = kWarp * kWarpsPerBlock;  // 256 threads
+constexpr int kLaneColumns = 4;                  // output columns per lane held in registers: 128-column tiles
+constexpr int kTileColumns = kWarp * kLaneColumns;
+constexpr int kPiece = 64;                       // sorted keys per partial bucket sum (lsh_cumulation)
+constexpr int kHeavyMin = 32;                    // buckets of at most this many keys are always enumerated
+constexpr int kTableOutputs = 4 * kBlock;        // outer-product table entries per block (4 per thread)
+constexpr int kMaxWidth = 8192;                  // largest Hadamard width (shared memory of one block)
+constexpr int kMaxHashBits = 30;
+constexpr int64_t kChunkBudgetBytes = int64_t(256) << 20;  // scratch of one chunk of hashes
+constexpr float kShrink = 0.99f;  // f' evaluated at 0.99 x, as reference.DERIVATIVE_SHRINK
+constexpr float kPi = 3.14159265358979323846f;
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float value) {
+  // xor butterfly: lanes l and l^o add the same two numbers (commutatively), so every lane ends
+  // with the bitwise-identical sum.
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(kFullMask, value, offset);
+  }
+  return value;
+}
+
+// First position in [lo, hi) whose key is >= key (hi when none).
+__device__ __forceinline__ int64_t lower_bound_key(const key_t* __restrict__ keys, int64_t lo, int64_t hi, key_t key) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// First position in [lo, hi) whose key is > key (hi when none).
+__device__ __forceinline__ int64_t upper_bound_key(const key_t* __restrict__ keys, int64_t lo, int64_t hi, key_t key) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] <= key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The sort key of code `code` in segment `segment`: the code's low tau bits, bit tau clear (set
+// only for padded keys), the segment above.
+__device__ __forceinline__ key_t bucket_key(int64_t segment, int code, int hash_bits) {
+  const unsigned code_mask = (1u << hash_bits) - 1u;
+  return (static_cast<key_t>(segment) << (hash_bits + 1)) | static_cast<key_t>(static_cast<unsigned>(code) & code_mask);
+}
+
+// The bucket of query key `key` within the sorted segment [base, base + num_keys): relative
+// positions [lo, hi); false when no real key has this code.
+__device__ __forceinline__ bool find_bucket(const key_t* __restrict__ keys, int64_t base, int64_t num_keys, key_t key,
+                                            int64_t& lo, int64_t& hi) {
+  const key_t* segment = keys + base;
+  lo = lower_bound_key(segment, 0, num_keys, key);
+  if (lo == num_keys || segment[lo] != key) {
+    return false;
+  }
+  hi = upper_bound_key(segment, lo + 1, num_keys, key);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// hash_codes
+
+// threads_per_vector threads (a power of two) per vector, blockDim.x / threads_per_vector vectors
+// per block, each with `width` floats of shared memory. For each used rotation r:
+// x = pad(v) * s0, H, * s1, H, * s2, H (H the in-place unnormalised Walsh-Hadamard transform, stages
+// of half-length 1, 2, 4, ..., each butterfly (a, b) -> (a + b, a - b), rounded float32 ops that are
+// never fused), then hash g = r * per_rotation + t packs bits x[t * tau + i] > 0.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) hash_codes_kernel(
+    const scalar_t* __restrict__ vectors, const float* __restrict__ signs, int* __restrict__ codes,
+    int64_t num_vectors, int64_t length, int dim, int width, int rotations, int rotations_used, int per_rotation,
+    int num_hashes, int hash_bits, int threads_per_vector) {
+  extern __shared__ float shared[];
+  const int vectors_per_block = blockDim.x / threads_per_vector;
+  const int slot = threadIdx.x / threads_per_vector;
+  const int lane = threadIdx.x % threads_per_vector;
+  const int64_t vec = static_cast<int64_t>(blockIdx.x) * vectors_per_block + slot;
+  const bool valid = vec < num_vectors;
+  // Threads past the last vector run the same loops (they take part in every __syncthreads) on
+  // zeros and batch row 0, and write nothing.
+  const int64_t batch = valid ? vec / length : 0;
+  const scalar_t* v = vectors + (valid ? vec : 0) * dim;
+  float* x = shared + static_cast<int64_t>(slot) * width;
+  const int half_width = width / 2;
+
+  for (int r = 0; r < rotations_used; ++r) {
+    for (int step = 0; step < 3; ++step) {
+      const float* s = signs + ((batch * 3 + step) * rotations + r) * static_cast<int64_t>(width);
+      for (int e = lane; e < width; e += threads_per_vector) {
+        const float value = step == 0 ? ((valid && e < dim) ? static_cast<float>(v[e]) : 0.0f) : x[e];
+        x[e] = __fmul_rn(value, s[e]);
+      }
+      __syncthreads();
+      for (int half = 1; half < width; half <<= 1) {
+        for (int k = lane; k < half_width; k += threads_per_vector) {
+          const int i = ((k & ~(half - 1)) << 1) | (k & (half - 1));
+          const float a = x[i];
+          const float b = x[i + half];
+          x[i] = __fadd_rn(a, b);
+          x[i + half] = __fsub_rn(a, b);
+        }
+        __syncthreads();
+      }
+    }
+    for (int t = lane; t < per_rotation; t += threads_per_vector) {
+      const int g = r * per_rotation + t;
+      if (valid && g < num_hashes) {
+        unsigned code = 0;
+        for (int i = 0; i < hash_bits; ++i) {
+          code |= (x[t * hash_bits + i] > 0.0f ? 1u : 0u) << i;
+        }
+        codes[vec * num_hashes + g] = static_cast<int>(code);
+      }
+    }
+    __syncthreads();  // the next rotation overwrites x
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sorted buckets of one chunk of hashes [h0, h0 + hc)
+
+// Item (segment = b * hc + hl, j): key ((segment << (tau + 1)) | code) for a real key, bit tau
+// instead of the code for a padded one; value j.
+__global__ void __launch_bounds__(kBlock) build_keys_kernel(
+    const int* __restrict__ key_codes, const bool* __restrict__ key_mask, key_t* __restrict__ keys,
+    int* __restrict__ order, int64_t total, int64_t num_keys, int num_hashes, int h0, int hc, int hash_bits) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= total) {
+    return;
+  }
+  const int64_t segment = item / num_keys;
+  const int64_t j = item - segment * num_keys;
+  const int64_t b = segment / hc;
+  const int64_t hl = segment - b * hc;
+  const int64_t row = b * num_keys + j;
+  keys[item] = key_mask[row]
+      ? bucket_key(segment, key_codes[row * num_hashes + h0 + hl], hash_bits)
+      : ((static_cast<key_t>(segment) << (hash_bits + 1)) | (static_cast<key_t>(1) << hash_bits));
+  order[item] = static_cast<int>(j);
+}
+
+int bit_width(uint64_t value) {
+  int bits = 0;
+  while (value != 0) {
+    ++bits;
+    value >>= 1;
+  }
+  return bits;
+}
+
+struct SortedBuckets {
+  at::Tensor keys_a, keys_b, order_a, order_b;  // CUB's double buffers (kept alive)
+  const key_t* keys = nullptr;                  // (B * hc * nk) sorted keys
+  const int* order = nullptr;                   // (B * hc * nk) key index j of each sorted position
+};
+
+SortedBuckets sort_buckets(const at::Tensor& key_codes, const at::Tensor& key_mask, int64_t batch, int64_t num_keys,
+                           int64_t num_hashes, int64_t h0, int64_t hc, int hash_bits, cudaStream_t stream) {
+  const int64_t segments = batch * hc;
+  const int64_t total = segments * num_keys;
+  SortedBuckets sorted;
+  const auto long_options = key_codes.options().dtype(at::kLong);
+  const auto int_options = key_codes.options().dtype(at::kInt);
+  sorted.keys_a = at::empty({total}, long_options);
+  sorted.keys_b = at::empty({total}, long_options);
+  sorted.order_a = at::empty({total}, int_options);
+  sorted.order_b = at::empty({total}, int_options);
+  key_t* keys_a = reinterpret_cast<key_t*>(sorted.keys_a.data_ptr<int64_t>());
+  key_t* keys_b = reinterpret_cast<key_t*>(sorted.keys_b.data_ptr<int64_t>());
+  int* order_a = sorted.order_a.data_ptr<int>();
+  int* order_b = sorted.order_b.data_ptr<int>();
+
+  build_keys_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      key_codes.data_ptr<int>(), key_mask.data_ptr<bool>(), keys_a, order_a, total, num_keys,
+      static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), hash_bits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const int end_bit = hash_bits + 1 + bit_width(static_cast<uint64_t>(segments - 1));
+  cub::DoubleBuffer<key_t> key_buffers(keys_a, keys_b);
+  cub::DoubleBuffer<int> order_buffers(order_a, order_b);
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, key_buffers, order_buffers, total, 0, end_bit, stream));
+  at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, key_codes.options().dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, key_buffers, order_buffers, total, 0,
+                                                 end_bit, stream));
+  sorted.keys = key_buffers.Current();
+  sorted.order = order_buffers.Current();
+  return sorted;  // temp is freed to the caching allocator on this stream: safe for later work on it
+}
+
+// Hashes per chunk: as many as fit kChunkBudgetBytes of scratch (at least 1), with fewer than
+// 2^31 sorted items.
+int64_t hashes_per_chunk(int64_t num_hashes, int64_t keys_per_hash, int64_t bytes_per_hash) {
+  int64_t hc = bytes_per_hash > 0 ? kChunkBudgetBytes / bytes_per_hash : num_hashes;
+  hc = std::min(hc, static_cast<int64_t>(std::numeric_limits<int32_t>::max()) / keys_per_hash);
+  return std::max<int64_t>(1, std::min(hc, num_hashes));
+}
+
+// ---------------------------------------------------------------------------------------------
+// lsh_cumulation
+
+// One warp per sorted position p. A piece starts at p when p begins a bucket or p's position in
+// its segment is a multiple of kPiece; the warp of a piece start writes partial[p] = sum of the
+// values of the piece's keys (in sorted, i.e. index, order) over the next <= kPiece positions of
+// the same bucket. Other positions and padded keys write nothing (their rows are never read).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) bucket_piece_sums_kernel(
+    const key_t* __restrict__ keys, const int* __restrict__ order, const scalar_t* __restrict__ values,
+    float* __restrict__ partial, int64_t total, int64_t num_keys, int64_t channels, int hc, int hash_bits) {
+  const int64_t p = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (p >= total) {
+    return;  // warp-uniform from here on: every branch below depends on p only
+  }
+  const int64_t segment = p / num_keys;
+  const int64_t position = p - segment * num_keys;
+  const key_t key = keys[p];
+  if ((key >> hash_bits) & 1ull) {
+    return;  // a padded key
+  }
+  if (position % kPiece != 0 && keys[p - 1] == key) {
+    return;  // inside a piece
+  }
+  const int64_t stop = segment * num_keys + min64(num_keys, (position / kPiece + 1) * kPiece);
+  const scalar_t* batch_values = values + (segment / hc) * num_keys * channels;
+  for (int64_t column0 = 0; column0 < channels; column0 += kWarp) {
+    const int64_t column = column0 + lane;
+    float sum = 0.0f;
+    int64_t q = p;
+    while (q < stop) {
+      const int count = static_cast<int>(min64(kWarp, stop - q));
+      const bool here = lane < count;
+      const key_t lane_key = here ? keys[q + lane] : 0ull;
+      const int lane_j = here ? order[q + lane] : 0;
+      const unsigned same = __ballot_sync(kFullMask, here && lane_key == key);
+      const int run = same == kFullMask ? kWarp : __ffs(~same) - 1;  // >= 1 on the first pass
+      for (int t = 0; t < run; ++t) {
+        const int j = __shfl_sync(kFullMask, lane_j, t);
+        if (column < channels) {
+          sum += static_cast<float>(batch_values[static_cast<int64_t>(j) * channels + column]);
+        }
+      }
+      q += run;
+      if (run < count) {
+        break;  // the bucket ended inside this batch of 32
+      }
+    }
+    if (column < channels) {
+      partial[p * channels + column] = sum;
+    }
+  }
+}
+
+// One warp per query (b, i), owning out[b, i]. For each 128-column tile: acc = out row (the sums of
+// earlier chunks), then for each hash of the chunk in order acc += sum of the partial sums of the
+// pieces of its bucket, in sorted order. The last chunk divides by the number of hashes.
+__global__ void __launch_bounds__(kBlock) cumulation_query_kernel(
+    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const key_t* __restrict__ keys,
+    const float* __restrict__ partial, float* __restrict__ out, int64_t num_queries_total, int64_t num_queries,
+    int64_t num_keys, int64_t channels, int num_hashes, int h0, int hc, int hash_bits, bool last) {
+  const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= num_queries_total || !query_mask[query]) {
+    return;  // warp-uniform; padded queries keep their zero rows
+  }
+  const int64_t b = query / num_queries;
+  float* out_row = out + query * channels;
+  for (int64_t tile = 0; tile < channels; tile += kTileColumns) {
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      acc[k] = column < channels ? out_row[column] : 0.0f;
+    }
+    for (int hl = 0; hl < hc; ++hl) {
+      const int64_t segment = b * hc + hl;
+      const int64_t base = segment * num_keys;
+      const key_t key = bucket_key(segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
+      int64_t lo, hi;
+      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        const int64_t column = tile + lane + k * kWarp;
+        if (column < channels) {
+          float sum = partial[(base + lo) * channels + column];
+          for (int64_t pos = (lo / kPiece + 1) * kPiece; pos < hi; pos += kPiece) {
+            sum += partial[(base + pos) * channels + column];
+          }
+          acc[k] += sum;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      if (column < channels) {
+        out_row[column] = last ? acc[k] / static_cast<float>(num_hashes) : acc[k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// lsh_weighted_cumulation
+
+// A bucket is heavy when it holds more than `heavy` keys. Heavy buckets start at least heavy + 1
+// positions apart, so start / (heavy + 1) numbers them uniquely within a segment: slot
+// segment * slots + start / (heavy + 1), slots = nk / (heavy + 1). One thread per sorted position.
+__global__ void __launch_bounds__(kBlock) mark_heavy_buckets_kernel(
+    const key_t* __restrict__ keys, int* __restrict__ heavy_start, int64_t total, int64_t num_keys, int64_t heavy,
+    int64_t slots, int hash_bits) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= total) {
+    return;
+  }
+  const int64_t segment = p / num_keys;
+  const int64_t position = p - segment * num_keys;
+  const key_t key = keys[p];
+  if ((key >> hash_bits) & 1ull) {
+    return;  // padded
+  }
+  if (position != 0 && keys[p - 1] == key) {
+    return;  // not a bucket start
+  }
+  if (position + heavy < num_keys && keys[p + heavy] == key) {  // sorted: positions p .. p + heavy all in the bucket
+    heavy_start[segment * slots + position / (heavy + 1)] = static_cast<int>(position);
+  }
+}
+
+// One block per (slot, group of kTableOutputs entries): table[slot][a][c] = sum over the bucket's
+// keys j, in sorted order, of kw[b, j, a] * v[b, j, c]. Slots without a heavy bucket are skipped.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(
+    const key_t* __restrict__ keys, const int* __restrict__ order, const int* __restrict__ heavy_start,
+    const scalar_t* __restrict__ key_weights, const scalar_t* __restrict__ values, float* __restrict__ table,
+    int64_t num_keys, int64_t slots, int64_t width, int64_t channels, int hc) {
+  __shared__ int staged[kBlock];
+  const int64_t slot = blockIdx.x;
+  const int start = heavy_start[slot];
+  if (start < 0) {
+    return;  // block-uniform
+  }
+  const int64_t segment = slot / slots;
+  const int64_t base = segment * num_keys;
+  const int64_t b = segment / hc;
+  const key_t key = keys[base + start];
+  const int64_t end = upper_bound_key(keys + base, start + 1, num_keys, key);  // same in every thread
+  const scalar_t* batch_weights = key_weights + b * num_keys * width;
+  const scalar_t* batch_values = values + b * num_keys * channels;
+  const int64_t entries = width * channels;
+  const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
+  for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // block-uniform
+    int64_t a[4], c[4];
+    bool ok[4];
+    float acc[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t entry = group * kTableOutputs + k * kBlock + threadIdx.x;
+      ok[k] = entry < entries;
+      a[k] = ok[k] ? entry / channels : 0;
+      c[k] = ok[k] ? entry - a[k] * channels : 0;
+      acc[k] = 0.0f;
+    }
+    for (int64_t pos0 = start; pos0 < end; pos0 += kBlock) {  // block-uniform
+      const int count = static_cast<int>(min64(kBlock, end - pos0));
+      __syncthreads();  // the previous batch of staged indices is consumed
+      if (static_cast<int>(threadIdx.x) < count) {
+        staged[threadIdx.x] = order[base + pos0 + threadIdx.x];
+      }
+      __syncthreads();
+      for (int t = 0; t < count; ++t) {
+        const int64_t j = staged[t];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (ok[k]) {
+            acc[k] += static_cast<float>(batch_weights[j * width + a[k]]) * static_cast<float>(batch_values[j * channels + c[k]]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (ok[k]) {
+        table[slot * entries + a[k] * channels + c[k]] = acc[k];
+      }
+    }
+  }
+}
+
+// One warp per query (b, i), owning out[b, i]. For each 128-column tile: acc = out row, then for
+// each hash of the chunk in order: a heavy bucket contributes sum_a qw[a] * table[a][:], a light
+// one sum over its keys j in sorted order of (qw . kw_j) v_j; acc += contribution.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) weighted_query_kernel(
+    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_weights,
+    const key_t* __restrict__ keys, const int* __restrict__ order, const scalar_t* __restrict__ key_weights,
+    const scalar_t* __restrict__ values, const float* __restrict__ table, float* __restrict__ out,
+    int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t width, int64_t channels, int64_t heavy,
+    int64_t slots, int num_hashes, int h0, int hc, int hash_bits, bool last) {
+  const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= num_queries_total || !query_mask[query]) {
+    return;  // warp-uniform
+  }
+  const int64_t b = query / num_queries;
+  const scalar_t* qw = query_weights + query * width;
+  const scalar_t* batch_weights = key_weights + b * num_keys * width;
+  const scalar_t* batch_values = values + b * num_keys * channels;
+  float* out_row = out + query * channels;
+  float qw_lane[kLaneColumns];  // qw[lane + 32 k], the first 128 weights
+#pragma unroll
+  for (int k = 0; k < kLaneColumns; ++k) {
+    const int64_t a = lane + k * kWarp;
+    qw_lane[k] = a < width ? static_cast<float>(qw[a]) : 0.0f;
+  }
+  const int64_t entries = width * channels;
+
+  for (int64_t tile = 0; tile < channels; tile += kTileColumns) {
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      acc[k] = column < channels ? out_row[column] : 0.0f;
+    }
+    for (int hl = 0; hl < hc; ++hl) {
+      const int64_t segment = b * hc + hl;
+      const int64_t base = segment * num_keys;
+      const key_t key = bucket_key(segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
+      int64_t lo, hi;
+      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
+        continue;
+      }
+      float contribution[kLaneColumns];
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        contribution[k] = 0.0f;
+      }
+      if (hi - lo > heavy) {
+        const float* bucket_table = table + (segment * slots + lo / (heavy + 1)) * entries;
+        for (int64_t a = 0; a < width; ++a) {
+          const float weight = static_cast<float>(qw[a]);
+#pragma unroll
+          for (int k = 0; k < kLaneColumns; ++k) {
+            const int64_t column = tile + lane + k * kWarp;
+            if (column < channels) {
+              contribution[k] += weight * bucket_table[a * channels + column];
+            }
+          }
+        }
+      } else {
+        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
+          const int count = static_cast<int>(min64(kWarp, hi - pos0));
+          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;
+          for (int t = 0; t < count; ++t) {
+            const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+            const scalar_t* kw = batch_weights + j * width;
+            float dot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kLaneColumns; ++k) {
+              const int64_t a = lane + k * kWarp;
+              if (a < width) {
+                dot += qw_lane[k] * static_cast<float>(kw[a]);
+              }
+            }
+            for (int64_t a = kTileColumns + lane; a < width; a += kWarp) {
+              dot += static_cast<float>(qw[a]) * static_cast<float>(kw[a]);
+            }
+            dot = warp_sum(dot);
+            const scalar_t* v = batch_values + j * channels;
+#pragma unroll
+            for (int k = 0; k < kLaneColumns; ++k) {
+              const int64_t column = tile + lane + k * kWarp;
+              if (column < channels) {
+                contribution[k] += dot * static_cast<float>(v[column]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        acc[k] += contribution[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      if (column < channels) {
+        out_row[column] = last ? acc[k] / static_cast<float>(num_hashes) : acc[k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// lsh_collided_gradient
+
+// One warp per query (b, i), owning out[b, i]. For each 128-column tile of d: acc = out row, then
+// for each hash h of the chunk in order, each key j of the query's bucket in sorted order, unless
+// (q, j) collides in an earlier hash h' < h: acc += (qw . kw_j) f'(0.99 qv . kv_j) kv_j.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) collided_gradient_kernel(
+    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_vectors,
+    const scalar_t* __restrict__ query_weights, const int* __restrict__ key_codes, const key_t* __restrict__ keys,
+    const int* __restrict__ order, const scalar_t* __restrict__ key_vectors, const scalar_t* __restrict__ key_weights,
+    float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t dim, int64_t width,
+    int num_hashes, int h0, int hc, int hash_bits) {
+  const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= num_queries_total || !query_mask[query]) {
+    return;  // warp-uniform
+  }
+  const int64_t b = query / num_queries;
+  const unsigned code_mask = (1u << hash_bits) - 1u;
+  const int* q_codes = query_codes + query * num_hashes;
+  const scalar_t* qv = query_vectors + query * dim;
+  const scalar_t* qw = query_weights + query * width;
+  const scalar_t* batch_vectors = key_vectors + b * num_keys * dim;
+  const scalar_t* batch_weights = key_weights + b * num_keys * width;
+  const int* batch_codes = key_codes + b * num_keys * num_hashes;
+  float* out_row = out + query * dim;
+  float qv_lane[kLaneColumns], qw_lane[kLaneColumns];
+#pragma unroll
+  for (int k = 0; k < kLaneColumns; ++k) {
+    const int64_t a = lane + k * kWarp;
+    qv_lane[k] = a < dim ? static_cast<float>(qv[a]) : 0.0f;
+    qw_lane[k] = a < width ? static_cast<float>(qw[a]) : 0.0f;
+  }
+  const float tau = static_cast<float>(hash_bits);
+  const float power = static_cast<float>(hash_bits - 1);
+
+  for (int64_t tile = 0; tile < dim; tile += kTileColumns) {
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      acc[k] = column < dim ? out_row[column] : 0.0f;
+    }
+    for (int hl = 0; hl < hc; ++hl) {
+      const int h = h0 + hl;
+      const int64_t segment = b * hc + hl;
+      const int64_t base = segment * num_keys;
+      const key_t key = bucket_key(segment, q_codes[h], hash_bits);
+      int64_t lo, hi;
+      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
+        continue;
+      }
+      for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
+        const int count = static_cast<int>(min64(kWarp, hi - pos0));
+        const int lane_j = lane < count ? order[base + pos0 + lane] : 0;
+        for (int t = 0; t < count; ++t) {
+          const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+          // Counted only in its first colliding hash (warp-uniform decision).
+          bool earlier = false;
+          for (int h_first = 0; h_first < h && !earlier; h_first += kWarp) {
+            const int h_lane = h_first + lane;
+            const bool equal = h_lane < h &&
+                ((static_cast<unsigned>(q_codes[h_lane]) ^ static_cast<unsigned>(batch_codes[j * num_hashes + h_lane])) & code_mask) == 0u;
+            earlier = __any_sync(kFullMask, equal);
+          }
+          if (earlier) {
+            continue;
+          }
+          const scalar_t* kv = batch_vectors + j * dim;
+          const scalar_t* kw = batch_weights + j * width;
+          float kv_lane[kLaneColumns];
+          float dot_v = 0.0f, dot_w = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kLaneColumns; ++k) {
+            const int64_t a = lane + k * kWarp;
+            kv_lane[k] = a < dim ? static_cast<float>(kv[a]) : 0.0f;
+            dot_v += qv_lane[k] * kv_lane[k];
+            if (a < width) {
+              dot_w += qw_lane[k] * static_cast<float>(kw[a]);
+            }
+          }
+          for (int64_t a = kTileColumns + lane; a < dim; a += kWarp) {
+            dot_v += static_cast<float>(qv[a]) * static_cast<float>(kv[a]);
+          }
+          for (int64_t a = kTileColumns + lane; a < width; a += kWarp) {
+            dot_w += static_cast<float>(qw[a]) * static_cast<float>(kw[a]);
+          }
+          dot_v = warp_sum(dot_v);
+          dot_w = warp_sum(dot_w);
+          const float x = dot_v * kShrink;
+          const float p = 1.0f - acosf(x) / kPi;
+          const float derivative = tau * powf(p, power) / (kPi * sqrtf(1.0f - x * x));
+          const float coefficient = dot_w * derivative;
+#pragma unroll
+          for (int k = 0; k < kLaneColumns; ++k) {
+            const int64_t column = tile + lane + k * kWarp;
+            if (column < dim) {
+              acc[k] += coefficient * (tile == 0 ? kv_lane[k] : static_cast<float>(kv[column]));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      if (column < dim) {
+        out_row[column] = acc[k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: checks and launches
+
+void check_cuda(const at::Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK(t.is_cuda(), "yoso: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.device() == device, "yoso: ", name, " is on ", t.device(), ", expected ", device);
+}
+
+void check_float(const at::Tensor& t, const char* name) {
+  const auto type = t.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16 || type == at::kDouble, "yoso: ", name,
+              " must be float32, float16 or bfloat16, got ", type);
+}
+
+void check_hash_bits(int64_t hash_bits) {
+  TORCH_CHECK(hash_bits >= 1 && hash_bits <= kMaxHashBits, "yoso: hash_bits must be in [1, ", kMaxHashBits, "], got ",
+              hash_bits);
+}
+
+// Codes (B, n, m) int32 and mask (B, n) bool.
+void check_codes(const at::Tensor& codes, const at::Tensor& mask, const char* codes_name, const char* mask_name,
+                 const at::Device& device) {
+  check_cuda(codes, codes_name, device);
+  check_cuda(mask, mask_name, device);
+  TORCH_CHECK(codes.dim() == 3, "yoso: ", codes_name, " must be (B, n, num_hashes), got ", codes.sizes());
+  TORCH_CHECK(codes.scalar_type() == at::kInt, "yoso: ", codes_name, " must be int32, got ", codes.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "yoso: ", mask_name, " must be bool, got ", mask.scalar_type());
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == codes.size(0) && mask.size(1) == codes.size(1), "yoso: ", mask_name,
+              " must be (B, n) = (", codes.size(0), ", ", codes.size(1), "), got ", mask.sizes());
+}
+
+// (B, n, *) float tensor matching the batch and length of codes.
+void check_rows(const at::Tensor& t, const char* name, int64_t batch, int64_t length, const at::Device& device) {
+  check_cuda(t, name, device);
+  check_float(t, name);
+  TORCH_CHECK(t.dim() == 3 && t.size(0) == batch && t.size(1) == length, "yoso: ", name, " must be (", batch, ", ",
+              length, ", *), got ", t.sizes());
+}
+
+void check_pair(const at::Tensor& query_codes, const at::Tensor& key_codes) {
+  TORCH_CHECK(query_codes.size(0) == key_codes.size(0), "yoso: query and key codes have different batch sizes (",
+              query_codes.size(0), " vs ", key_codes.size(0), ")");
+  TORCH_CHECK(query_codes.size(2) == key_codes.size(2), "yoso: query and key codes have different numbers of hashes (",
+              query_codes.size(2), " vs ", key_codes.size(2), ")");
+  TORCH_CHECK(query_codes.size(2) >= 1, "yoso: at least one hash is needed");
+  TORCH_CHECK(key_codes.size(0) * key_codes.size(1) <= std::numeric_limits<int32_t>::max(),
+              "yoso: at most 2^31 - 1 keys over all batch rows are supported, got ", key_codes.size(0) * key_codes.size(1));
+}
+
+unsigned warp_grid(int64_t warps) {
+  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many rows for one launch (", warps, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+unsigned thread_grid(int64_t threads) {
+  const int64_t blocks = (threads + kBlock - 1) / kBlock;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many items for one launch (", threads, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs_in, int64_t num_hashes,
+                           int64_t hash_bits) {
+  const at::Device device = vectors_in.device();
+  check_cuda(vectors_in, "vectors", device);
+  check_cuda(signs_in, "signs", device);
+  check_float(vectors_in, "vectors");
+  check_hash_bits(hash_bits);
+  TORCH_CHECK(num_hashes >= 1, "yoso: num_hashes must be >= 1, got ", num_hashes);
+  TORCH_CHECK(vectors_in.dim() == 3, "yoso: vectors must be (B, n, d), got ", vectors_in.sizes());
+  TORCH_CHECK(signs_in.scalar_type() == at::kFloat, "yoso: signs must be float32, got ", signs_in.scalar_type());
+  TORCH_CHECK(signs_in.dim() == 4 && signs_in.size(0) == vectors_in.size(0) && signs_in.size(1) == 3,
+              "yoso: signs must be (B, 3, rotations, d_pad) with B = ", vectors_in.size(0), ", got ", signs_in.sizes());
+  const int64_t batch = vectors_in.size(0), length = vectors_in.size(1), dim = vectors_in.size(2);
+  const int64_t rotations = signs_in.size(2), width = signs_in.size(3);
+  TORCH_CHECK(width >= 1 && (width & (width - 1)) == 0, "yoso: d_pad = signs.size(3) must be a power of two, got ", width);
+  TORCH_CHECK(width >= dim && width >= hash_bits, "yoso: d_pad = ", width, " must be >= max(d, hash_bits) = ",
+              std::max(dim, hash_bits));
+  TORCH_CHECK(width <= kMaxWidth, "yoso: the CUDA hash_codes supports d_pad <= ", kMaxWidth, ", got ", width);
+  const int64_t per_rotation = width / hash_bits;
+  TORCH_CHECK(rotations * per_rotation >= num_hashes, "yoso: signs hold ", rotations * per_rotation, " hashes of ",
+              hash_bits, " bits, ", num_hashes, " requested");
+  TORCH_CHECK(num_hashes <= std::numeric_limits<int32_t>::max() / 2, "yoso: num_hashes too large");
+
+  auto codes = at::empty({batch, length, num_hashes}, vectors_in.options().dtype(at::kInt));
+  const int64_t num_vectors = batch * length;
+  if (num_vectors == 0) {
+    return codes;
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  const at::Tensor vectors = vectors_in.contiguous();
+  const at::Tensor signs = signs_in.contiguous();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  const int threads_per_vector = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(width / 2, kBlock)));
+  const int vectors_per_block = kBlock / threads_per_vector;
+  const int64_t blocks = (num_vectors + vectors_per_block - 1) / vectors_per_block;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many vectors (", num_vectors, ")");
+  const size_t shared_bytes = sizeof(float) * static_cast<size_t>(vectors_per_block) * static_cast<size_t>(width);
+  const int64_t rotations_used = (num_hashes + per_rotation - 1) / per_rotation;
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vectors.scalar_type(), "yoso_hash_codes_cuda", [&] {
+    hash_codes_kernel<scalar_t><<<static_cast<unsigned>(blocks), kBlock, shared_bytes, stream>>>(
+        vectors.data_ptr<scalar_t>(), signs.data_ptr<float>(), codes.data_ptr<int>(), num_vectors, length,
+        static_cast<int>(dim), static_cast<int>(width), static_cast<int>(rotations), static_cast<int>(rotations_used),
+        static_cast<int>(per_rotation), static_cast<int>(num_hashes), static_cast<int>(hash_bits), threads_per_vector);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return codes;
+}
+
+at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
+                               const at::Tensor& key_codes_in, const at::Tensor& key_mask_in, const at::Tensor& values_in,
+                               int64_t hash_bits) {
+  const at::Device device = query_codes_in.device();
+  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
+  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
+  check_pair(query_codes_in, key_codes_in);
+  check_hash_bits(hash_bits);
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
+  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
+  check_rows(values_in, "values", batch, num_keys, device);
+  const int64_t channels = values_in.size(2);
+
+  auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
+  if (batch == 0 || num_queries == 0 || num_keys == 0 || channels == 0) {
+    return out;
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
+  const at::Tensor values = values_in.contiguous();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  const int64_t keys_per_hash = batch * num_keys;
+  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * (24 + 4 * channels));
+  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+    const int64_t hc = std::min(hc_max, num_hashes - h0);
+    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
+                                              static_cast<int>(hash_bits), stream);
+    const int64_t total = batch * hc * num_keys;
+    at::Tensor partial = at::empty({total, channels}, out.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_cumulation_cuda", [&] {
+      bucket_piece_sums_kernel<scalar_t><<<warp_grid(total), kBlock, 0, stream>>>(
+          sorted.keys, sorted.order, values.data_ptr<scalar_t>(), partial.data_ptr<float>(), total, num_keys, channels,
+          static_cast<int>(hc), static_cast<int>(hash_bits));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    cumulation_query_kernel<<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
+        query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), sorted.keys, partial.data_ptr<float>(),
+        out.data_ptr<float>(), batch * num_queries, num_queries, num_keys, channels, static_cast<int>(num_hashes),
+        static_cast<int>(h0), static_cast<int>(hc), static_cast<int>(hash_bits), h0 + hc == num_hashes);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+
+at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
+                                        const at::Tensor& query_weights_in, const at::Tensor& key_codes_in,
+                                        const at::Tensor& key_mask_in, const at::Tensor& key_weights_in,
+                                        const at::Tensor& values_in, int64_t hash_bits) {
+  const at::Device device = query_codes_in.device();
+  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
+  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
+  check_pair(query_codes_in, key_codes_in);
+  check_hash_bits(hash_bits);
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
+  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
+  check_rows(query_weights_in, "query_weights", batch, num_queries, device);
+  check_rows(key_weights_in, "key_weights", batch, num_keys, device);
+  check_rows(values_in, "values", batch, num_keys, device);
+  const int64_t width = query_weights_in.size(2), channels = values_in.size(2);
+  TORCH_CHECK(key_weights_in.size(2) == width, "yoso: query_weights and key_weights widths differ (", width, " vs ",
+              key_weights_in.size(2), ")");
+
+  auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
+  if (batch == 0 || num_queries == 0 || num_keys == 0 || channels == 0 || width == 0) {
+    return out;
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  const auto type = at::promote_types(at::promote_types(query_weights_in.scalar_type(), key_weights_in.scalar_type()),
+                                      values_in.scalar_type());
+  const at::Tensor query_weights = query_weights_in.to(type).contiguous();
+  const at::Tensor key_weights = key_weights_in.to(type).contiguous();
+  const at::Tensor values = values_in.to(type).contiguous();
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  // Heavy buckets (> heavy keys) use the outer-product table: with heavy >= 2 w c / (w + c) the
+  // tables of one hash hold at most nk / (heavy + 1) * w * c < nk * (w + c) / 2 floats per batch row,
+  // and enumerating a light bucket costs at most heavy * (w + c) ~ 2 w c per query.
+  const int64_t heavy = std::max<int64_t>(kHeavyMin, (2 * width * channels + width + channels - 1) / (width + channels));
+  const int64_t slots = num_keys / (heavy + 1);
+  const int64_t entries = width * channels;
+  const int64_t keys_per_hash = batch * num_keys;
+  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * 24 + batch * slots * (4 + 4 * entries));
+  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+    const int64_t hc = std::min(hc_max, num_hashes - h0);
+    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
+                                              static_cast<int>(hash_bits), stream);
+    const int64_t total = batch * hc * num_keys;
+    const int64_t num_slots = batch * hc * slots;
+    at::Tensor table = at::empty({num_slots * entries}, out.options());
+    at::Tensor heavy_start;
+    if (num_slots > 0) {
+      heavy_start = at::full({num_slots}, -1, query_codes.options());
+      mark_heavy_buckets_kernel<<<thread_grid(total), kBlock, 0, stream>>>(
+          sorted.keys, heavy_start.data_ptr<int>(), total, num_keys, heavy, slots, static_cast<int>(hash_bits));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_weighted_cumulation_cuda", [&] {
+      if (num_slots > 0) {
+        TORCH_CHECK(num_slots <= std::numeric_limits<int32_t>::max(), "yoso: too many bucket tables (", num_slots, ")");
+        const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
+        const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
+        heavy_bucket_tables_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(
+            sorted.keys, sorted.order, heavy_start.data_ptr<int>(), key_weights.data_ptr<scalar_t>(),
+            values.data_ptr<scalar_t>(), table.data_ptr<float>(), num_keys, slots, width, channels, static_cast<int>(hc));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      weighted_query_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
+          query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_weights.data_ptr<scalar_t>(), sorted.keys,
+          sorted.order, key_weights.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(),
+          num_slots > 0 ? table.data_ptr<float>() : nullptr, out.data_ptr<float>(), batch * num_queries, num_queries,
+          num_keys, width, channels, heavy, slots, static_cast<int>(num_hashes), static_cast<int>(h0),
+          static_cast<int>(hc), static_cast<int>(hash_bits), h0 + hc == num_hashes);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
+  return out;
+}
+
+at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
+                                      const at::Tensor& query_vectors_in, const at::Tensor& query_weights_in,
+                                      const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
+                                      const at::Tensor& key_vectors_in, const at::Tensor& key_weights_in,
+                                      int64_t hash_bits) {
+  const at::Device device = query_codes_in.device();
+  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
+  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
+  check_pair(query_codes_in, key_codes_in);
+  check_hash_bits(hash_bits);
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
+  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
+  check_rows(query_vectors_in, "query_vectors", batch, num_queries, device);
+  check_rows(query_weights_in, "query_weights", batch, num_queries, device);
+  check_rows(key_vectors_in, "key_vectors", batch, num_keys, device);
+  check_rows(key_weights_in, "key_weights", batch, num_keys, device);
+  const int64_t dim = query_vectors_in.size(2), width = query_weights_in.size(2);
+  TORCH_CHECK(key_vectors_in.size(2) == dim, "yoso: query_vectors and key_vectors widths differ (", dim, " vs ",
+              key_vectors_in.size(2), ")");
+  TORCH_CHECK(key_weights_in.size(2) == width, "yoso: query_weights and key_weights widths differ (", width, " vs ",
+              key_weights_in.size(2), ")");
+
+  auto out = at::zeros({batch, num_queries, dim}, query_vectors_in.options().dtype(at::kFloat));
+  if (batch == 0 || num_queries == 0 || num_keys == 0 || dim == 0 || width == 0) {
+    return out;
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device);
+  const auto type = at::promote_types(
+      at::promote_types(query_vectors_in.scalar_type(), query_weights_in.scalar_type()),
+      at::promote_types(key_vectors_in.scalar_type(), key_weights_in.scalar_type()));
+  const at::Tensor query_vectors = query_vectors_in.to(type).contiguous();
+  const at::Tensor query_weights = query_weights_in.to(type).contiguous();
+  const at::Tensor key_vectors = key_vectors_in.to(type).contiguous();
+  const at::Tensor key_weights = key_weights_in.to(type).contiguous();
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  const int64_t keys_per_hash = batch * num_keys;
+  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * 24);
+  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+    const int64_t hc = std::min(hc_max, num_hashes - h0);
+    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
+                                              static_cast<int>(hash_bits), stream);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query_vectors.scalar_type(), "yoso_lsh_collided_gradient_cuda", [&] {
+      collided_gradient_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
+          query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_vectors.data_ptr<scalar_t>(),
+          query_weights.data_ptr<scalar_t>(), key_codes.data_ptr<int>(), sorted.keys, sorted.order,
+          key_vectors.data_ptr<scalar_t>(), key_weights.data_ptr<scalar_t>(), out.data_ptr<float>(), batch * num_queries,
+          num_queries, num_keys, dim, width, static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc),
+          static_cast<int>(hash_bits));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(yoso, CUDA, m) {
+  m.impl("hash_codes", &hash_codes_cuda);
+  m.impl("lsh_cumulation", &lsh_cumulation_cuda);
+  m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cuda);
+  m.impl("lsh_collided_gradient", &lsh_collided_gradient_cuda);
+}
+
+}  // namespace yoso
