@@ -63,74 +63,68 @@ void check_same_hashes(const at::Tensor& query_codes, const at::Tensor& key_code
 
 at::Tensor as_float(const at::Tensor& tensor) { return tensor.to(at::kFloat).contiguous(); }
 
-// The real rows of one (batch row, hash) grouped by code: bucket u holds code codes[u] and rows
-// order[start[u]..start[u+1]). When 2^tau is at most a few times the length, a counting sort over
-// every code is linear and `find` is a lookup (memory O(n + 2^tau) = O(n)); otherwise the rows are
-// sorted by code and `find` is a binary search over the occupied codes.
 // Whether a table with one row per code (2^tau rows) stays linear in the length.
 inline bool uses_dense_table(int64_t hash_bits, int64_t length) { return (int64_t{1} << hash_bits) <= 4 * length + 64; }
 
+// The real rows of one (batch row, hash) grouped by code, each bucket a contiguous range of
+// `order`. When 2^tau is O(length) a counting sort over every code is linear and a lookup finds a
+// bucket; otherwise the rows are sorted by code and a binary search over the occupied codes finds
+// it. The buffers are reused from one hash to the next.
 class Buckets {
  public:
-  std::vector<int32_t> codes;
-  std::vector<int64_t> start;
-  std::vector<int64_t> order;
+  std::vector<int64_t> order;   // rows grouped by code, ascending within a bucket
+  std::vector<int32_t> codes;   // sparse mode: the occupied codes, ascending
+  std::vector<int64_t> start;   // sparse mode: bucket u is order[start[u], start[u + 1])
 
-  Buckets(const int32_t* row_codes, const bool* row_mask, int64_t length, int64_t num_hashes, int64_t hash,
-          int64_t hash_bits)
-      : dense_(uses_dense_table(hash_bits, length)) {
+  Buckets(int64_t hash_bits, int64_t length) : hash_bits_(hash_bits), dense_(uses_dense_table(hash_bits, length)) {}
+
+  void group(const int32_t* row_codes, const bool* row_mask, int64_t length, int64_t num_hashes, int64_t hash) {
+    order.clear();
     if (dense_) {
-      const int64_t capacity = int64_t{1} << hash_bits;
-      std::vector<int64_t> offset(capacity + 1, 0);
+      const int64_t capacity = int64_t{1} << hash_bits_;
+      offset_.assign(capacity + 1, 0);
       for (int64_t j = 0; j < length; ++j) {
-        if (row_mask[j]) ++offset[row_codes[j * num_hashes + hash] + 1];
+        if (row_mask[j]) ++offset_[row_codes[j * num_hashes + hash] + 1];
       }
-      for (int64_t c = 0; c < capacity; ++c) offset[c + 1] += offset[c];
-      order.resize(offset[capacity]);
-      std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
-      for (int64_t j = 0; j < length; ++j) {  // in row order, so each bucket lists its rows ascending
-        if (row_mask[j]) order[fill[row_codes[j * num_hashes + hash]]++] = j;
+      for (int64_t c = 0; c < capacity; ++c) offset_[c + 1] += offset_[c];
+      order.resize(offset_[capacity]);
+      fill_.assign(offset_.begin(), offset_.end() - 1);
+      for (int64_t j = 0; j < length; ++j) {
+        if (row_mask[j]) order[fill_[row_codes[j * num_hashes + hash]]++] = j;
       }
-      slot_.assign(capacity, -1);
-      for (int64_t c = 0; c < capacity; ++c) {
-        if (offset[c + 1] > offset[c]) {
-          slot_[c] = static_cast<int64_t>(codes.size());
-          codes.push_back(static_cast<int32_t>(c));
-          start.push_back(offset[c]);
-        }
-      }
-      start.push_back(offset[capacity]);
       return;
     }
-    std::vector<std::pair<int32_t, int64_t>> entries;
-    entries.reserve(length);
+    entries_.clear();
     for (int64_t j = 0; j < length; ++j) {
-      if (row_mask[j]) entries.emplace_back(row_codes[j * num_hashes + hash], j);
+      if (row_mask[j]) entries_.emplace_back(row_codes[j * num_hashes + hash], j);
     }
-    std::sort(entries.begin(), entries.end());
-    order.reserve(entries.size());
-    for (size_t e = 0; e < entries.size(); ++e) {
-      if (e == 0 || entries[e].first != entries[e - 1].first) {
-        codes.push_back(entries[e].first);
+    std::sort(entries_.begin(), entries_.end());
+    codes.clear();
+    start.clear();
+    for (size_t e = 0; e < entries_.size(); ++e) {
+      if (e == 0 || entries_[e].first != entries_[e - 1].first) {
+        codes.push_back(entries_[e].first);
         start.push_back(static_cast<int64_t>(e));
       }
-      order.push_back(entries[e].second);
+      order.push_back(entries_[e].second);
     }
-    start.push_back(static_cast<int64_t>(entries.size()));
+    start.push_back(static_cast<int64_t>(entries_.size()));
   }
 
-  int64_t size() const { return static_cast<int64_t>(codes.size()); }
-
-  // Index of the bucket holding `code`, or -1.
-  int64_t find(int32_t code) const {
-    if (dense_) return slot_[code];
+  // The rows [begin, end) of `order` whose code is `code` (empty if none).
+  std::pair<int64_t, int64_t> range(int32_t code) const {
+    if (dense_) return {offset_[code], offset_[code + 1]};
     auto it = std::lower_bound(codes.begin(), codes.end(), code);
-    return (it != codes.end() && *it == code) ? static_cast<int64_t>(it - codes.begin()) : -1;
+    if (it == codes.end() || *it != code) return {0, 0};
+    const int64_t u = it - codes.begin();
+    return {start[u], start[u + 1]};
   }
 
  private:
+  int64_t hash_bits_;
   bool dense_;
-  std::vector<int64_t> slot_;  // dense mode: code -> bucket index or -1
+  std::vector<int64_t> offset_, fill_;                 // dense mode
+  std::vector<std::pair<int32_t, int64_t>> entries_;  // sparse mode
 };
 
 inline float dot(const float* a, const float* b, int64_t size) {
@@ -188,21 +182,22 @@ at::Tensor hash_codes_cpu(const at::Tensor& vectors, const at::Tensor& signs, in
   // so every step of the transform is a loop over kLanes contiguous floats that vectorises.
   const int64_t blocks_per_row = (length + kLanes - 1) / kLanes;
   at::parallel_for(0, batch * blocks_per_row, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(width * kLanes);
+    std::vector<float> source(width * kLanes), buffer(width * kLanes);
     std::vector<int32_t> codes(kLanes);
     for (int64_t block = begin; block < end; ++block) {
       const int64_t b = block / blocks_per_row, first = (block % blocks_per_row) * kLanes;
       const int64_t lanes = std::min(kLanes, length - first);
       const float* vectors_in = x_data + (b * length + first) * dim;
+      std::fill(source.begin(), source.end(), 0.f);  // zero padding to the width, and for missing lanes
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        for (int64_t k = 0; k < dim; ++k) source[k * kLanes + lane] = vectors_in[lane * dim + k];
+      }
       for (int64_t r = 0; r < rotations; ++r) {
-        std::fill(buffer.begin(), buffer.end(), 0.f);
-        for (int64_t lane = 0; lane < lanes; ++lane) {
-          for (int64_t k = 0; k < dim; ++k) buffer[k * kLanes + lane] = vectors_in[lane * dim + k];
-        }
         for (int64_t step = 0; step < 3; ++step) {
           const float* diagonal = s_data + ((b * 3 + step) * rotations + r) * width;
+          const float* in = step == 0 ? source.data() : buffer.data();
           for (int64_t k = 0; k < width; ++k) {
-            for (int64_t lane = 0; lane < kLanes; ++lane) buffer[k * kLanes + lane] *= diagonal[k];
+            for (int64_t lane = 0; lane < kLanes; ++lane) buffer[k * kLanes + lane] = in[k * kLanes + lane] * diagonal[k];
           }
           hadamard_transform_lanes(buffer.data(), width);
         }
@@ -240,6 +235,7 @@ at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& q
   const bool dense = uses_dense_table(hash_bits, num_keys);
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sums;
+    Buckets buckets(hash_bits, num_keys);
     for (int64_t b = begin; b < end; ++b) {
       const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
       const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
@@ -258,17 +254,21 @@ at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& q
           }
           continue;
         }
-        const Buckets buckets(kc, km, num_keys, num_hashes, h, hash_bits);
-        sums.assign(buckets.size() * channels, 0.f);
-        for (int64_t u = 0; u < buckets.size(); ++u) {
+        buckets.group(kc, km, num_keys, num_hashes, h);  // 2^tau >> n: sum per occupied bucket
+        const int64_t occupied = static_cast<int64_t>(buckets.codes.size());
+        sums.assign(occupied * channels, 0.f);
+        for (int64_t u = 0; u < occupied; ++u) {
           for (int64_t e = buckets.start[u]; e < buckets.start[u + 1]; ++e) {
             add_scaled(sums.data() + u * channels, vb + buckets.order[e] * channels, 1.f, channels);
           }
         }
         for (int64_t i = 0; i < num_queries; ++i) {
           if (!qm[i]) continue;
-          const int64_t u = buckets.find(qc[i * num_hashes + h]);
-          if (u >= 0) add_scaled(ob + i * channels, sums.data() + u * channels, 1.f, channels);
+          const int32_t code = qc[i * num_hashes + h];
+          const auto it = std::lower_bound(buckets.codes.begin(), buckets.codes.end(), code);
+          if (it != buckets.codes.end() && *it == code) {
+            add_scaled(ob + i * channels, sums.data() + (it - buckets.codes.begin()) * channels, 1.f, channels);
+          }
         }
       }
       for (int64_t k = 0; k < num_queries * channels; ++k) ob[k] /= static_cast<float>(num_hashes);
@@ -299,7 +299,9 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
   const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights), v = as_float(values);
   at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> table(width * channels);
+    Buckets keys(hash_bits, num_keys);
+    std::vector<int64_t> hits, table_of;  // per bucket (keyed by its first position in keys.order)
+    std::vector<float> tables;
     for (int64_t b = begin; b < end; ++b) {
       const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
       const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
@@ -310,34 +312,41 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
       const float* vb = v.data_ptr<float>() + b * num_keys * channels;
       float* ob = out.data_ptr<float>() + b * num_queries * channels;
       for (int64_t h = 0; h < num_hashes; ++h) {
-        const Buckets keys(kc, km, num_keys, num_hashes, h, hash_bits);
-        const Buckets queries(qc, qm, num_queries, num_hashes, h, hash_bits);
-        for (int64_t uq = 0; uq < queries.size(); ++uq) {
-          const int64_t uk = keys.find(queries.codes[uq]);
-          if (uk < 0) continue;
-          const int64_t q_begin = queries.start[uq], q_end = queries.start[uq + 1];
-          const int64_t k_begin = keys.start[uk], k_end = keys.start[uk + 1];
-          const int64_t pair_cost = (q_end - q_begin) * (k_end - k_begin) * (width + channels);
-          const int64_t table_cost = ((q_end - q_begin) + (k_end - k_begin)) * width * channels;
+        keys.group(kc, km, num_keys, num_hashes, h);
+        // Count the queries of each bucket: a bucket whose pairs would cost more than summing
+        // kw_j v_j^T once and contracting it per query gets such a table (built on first use).
+        hits.assign(keys.order.size() + 1, 0);
+        for (int64_t i = 0; i < num_queries; ++i) {
+          if (!qm[i]) continue;
+          const auto [first, last] = keys.range(qc[i * num_hashes + h]);
+          if (last > first) ++hits[first];
+        }
+        table_of.assign(keys.order.size() + 1, -1);
+        tables.clear();
+        for (int64_t i = 0; i < num_queries; ++i) {
+          if (!qm[i]) continue;
+          const auto [first, last] = keys.range(qc[i * num_hashes + h]);
+          if (last == first) continue;
+          const int64_t pair_cost = hits[first] * (last - first) * (width + channels);
+          const int64_t table_cost = (hits[first] + (last - first)) * width * channels;
           if (pair_cost <= table_cost) {  // few pairs: weight each colliding pair directly
-            for (int64_t e = q_begin; e < q_end; ++e) {
-              const int64_t i = queries.order[e];
-              for (int64_t f = k_begin; f < k_end; ++f) {
-                const int64_t j = keys.order[f];
-                add_scaled(ob + i * channels, vb + j * channels, dot(qwb + i * width, kwb + j * width, width), channels);
-              }
-            }
-          } else {  // a crowded bucket: sum kw_j v_j^T once, contract it with each query's weights
-            std::fill(table.begin(), table.end(), 0.f);
-            for (int64_t f = k_begin; f < k_end; ++f) {
+            for (int64_t f = first; f < last; ++f) {
               const int64_t j = keys.order[f];
-              for (int64_t w = 0; w < width; ++w) add_scaled(table.data() + w * channels, vb + j * channels, kwb[j * width + w], channels);
+              add_scaled(ob + i * channels, vb + j * channels, dot(qwb + i * width, kwb + j * width, width), channels);
             }
-            for (int64_t e = q_begin; e < q_end; ++e) {
-              const int64_t i = queries.order[e];
-              for (int64_t w = 0; w < width; ++w) add_scaled(ob + i * channels, table.data() + w * channels, qwb[i * width + w], channels);
+            continue;
+          }
+          if (table_of[first] < 0) {  // a crowded bucket: sum kw_j v_j^T once
+            table_of[first] = static_cast<int64_t>(tables.size());
+            tables.resize(tables.size() + width * channels, 0.f);
+            float* table = tables.data() + table_of[first];
+            for (int64_t f = first; f < last; ++f) {
+              const int64_t j = keys.order[f];
+              for (int64_t w = 0; w < width; ++w) add_scaled(table + w * channels, vb + j * channels, kwb[j * width + w], channels);
             }
           }
+          const float* table = tables.data() + table_of[first];
+          for (int64_t w = 0; w < width; ++w) add_scaled(ob + i * channels, table + w * channels, qwb[i * width + w], channels);
         }
       }
       for (int64_t k = 0; k < num_queries * channels; ++k) ob[k] /= static_cast<float>(num_hashes);
@@ -371,6 +380,7 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
   at::Tensor out = at::zeros({batch, num_queries, dim}, query_vectors.options().dtype(at::kFloat));
   const float tau = static_cast<float>(hash_bits);
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    Buckets keys(hash_bits, num_keys);
     for (int64_t b = begin; b < end; ++b) {
       const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
       const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
@@ -382,12 +392,11 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
       const float* kwb = kw.data_ptr<float>() + b * num_keys * width;
       float* ob = out.data_ptr<float>() + b * num_queries * dim;
       for (int64_t h = 0; h < num_hashes; ++h) {
-        const Buckets keys(kc, km, num_keys, num_hashes, h, hash_bits);
+        keys.group(kc, km, num_keys, num_hashes, h);
         for (int64_t i = 0; i < num_queries; ++i) {
           if (!qm[i]) continue;
-          const int64_t u = keys.find(qc[i * num_hashes + h]);
-          if (u < 0) continue;
-          for (int64_t f = keys.start[u]; f < keys.start[u + 1]; ++f) {
+          const auto [first, last] = keys.range(qc[i * num_hashes + h]);
+          for (int64_t f = first; f < last; ++f) {
             const int64_t j = keys.order[f];
             bool collided_before = false;  // count each pair once, in the first hash where it collides
             for (int64_t g = 0; g < h && !collided_before; ++g) {
