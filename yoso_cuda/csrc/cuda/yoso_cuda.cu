@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(
 // each hash of the chunk in order: a heavy bucket contributes sum_a qw[a] * table[a][:], a light
 // one sum over its keys j in sorted order of (qw . kw_j) v_j; acc += contribution.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kBlock) weighted_query_kernel(
+__global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
     const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_weights,
     const key_t* __restrict__ keys, const int* __restrict__ order, const scalar_t* __restrict__ key_weights,
     const scalar_t* __restrict__ values, const float* __restrict__ table, float* __restrict__ out,
@@ -555,7 +555,7 @@ __global__ void __launch_bounds__(kBlock) weighted_query_kernel(
 // for each hash h of the chunk in order, each key j of the query's bucket in sorted order, unless
 // (q, j) collides in an earlier hash h' < h: acc += (qw . kw_j) f'(0.99 qv . kv_j) kv_j.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kBlock) collided_gradient_kernel(
+__global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
     const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_vectors,
     const scalar_t* __restrict__ query_weights, const int* __restrict__ key_codes, const key_t* __restrict__ keys,
     const int* __restrict__ order, const scalar_t* __restrict__ key_vectors, const scalar_t* __restrict__ key_weights,
