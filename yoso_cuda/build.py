@@ -57,6 +57,8 @@ def build(verbose: bool = False) -> BuildReport:
         return report
     sources = [SOURCES / "yoso.cpp"]
     toolkit = None if choice == "cpu" else cuda_toolkit()
+    if toolkit is not None:
+        os.environ.setdefault("CUDA_HOME", toolkit)  # before torch's cpp_extension reads (and guesses) it
     cuda_sources = sorted((SOURCES / "cuda").glob("*.cu"))
     if choice == "cpu":
         report.notes.append("YOSO_KERNELS=cpu: CPU kernels only")
@@ -69,7 +71,6 @@ def build(verbose: bool = False) -> BuildReport:
         toolkit = None  # nothing to run them on, and no architecture to compile for
         report.notes.append("no GPU visible: CPU kernels only (set TORCH_CUDA_ARCH_LIST to compile the CUDA ones anyway)")
     if toolkit is not None:
-        os.environ["CUDA_HOME"] = toolkit  # before torch's cpp_extension reads (and guesses) it
         sources += cuda_sources
         report.cuda_archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "detected from the visible GPUs")
     from torch.utils import cpp_extension
