@@ -106,10 +106,11 @@ class LSHCumulation(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau)
         if ctx.backward == "lower_bound":
-            if ctx.needs_input_grad[0]:
-                grad_q = (tau / 2) * ops.lsh_weighted_cumulation(query_codes, mask, grad, key_codes, mask, values, keys, tau)
-            if ctx.needs_input_grad[1]:
-                grad_k = (tau / 2) * ops.lsh_weighted_cumulation(key_codes, mask, values, query_codes, mask, grad, queries, tau)
+            # grad q_i and grad k_j share the pair weights (g_i . v_j): one pass computes both.
+            grad_q, grad_k = ops.lsh_weighted_cumulation_both(
+                query_codes, mask, grad, queries, key_codes, mask, values, keys, tau
+            )
+            grad_q, grad_k = (tau / 2) * grad_q, (tau / 2) * grad_k
         else:
             if ctx.needs_input_grad[0]:
                 grad_q = ops.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau)

@@ -55,6 +55,10 @@ def _register_fake_kernels() -> None:
     def _(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits):
         return rows_out(query_codes, values.shape[-1], values)
 
+    @torch.library.register_fake("yoso::lsh_weighted_cumulation_both")
+    def _(query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits):
+        return rows_out(query_codes, key_values.shape[-1], key_values), rows_out(key_codes, query_values.shape[-1], query_values)
+
     @torch.library.register_fake("yoso::lsh_collided_gradient")
     def _(query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits):
         return rows_out(query_codes, query_vectors.shape[-1], query_vectors)
@@ -77,6 +81,18 @@ def lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, k
     if has_kernel(values.device):
         return torch.ops.yoso.lsh_weighted_cumulation(*args)
     return reference.lsh_weighted_cumulation(*args)
+
+
+def lsh_weighted_cumulation_both(
+    query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits
+):
+    args = (query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits)
+    if query_values.device.type == "cpu" and has_kernel(query_values.device):  # one pass on the CPU kernel
+        return torch.ops.yoso.lsh_weighted_cumulation_both(*args)
+    return (
+        lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, key_values, hash_bits),
+        lsh_weighted_cumulation(key_codes, key_mask, key_weights, query_codes, query_mask, query_weights, query_values, hash_bits),
+    )
 
 
 def lsh_collided_gradient(

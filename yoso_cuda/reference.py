@@ -18,6 +18,7 @@ and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 * :func:`gaussian_hash_codes`: codes from independent Gaussian hyperplanes (exact collision law).
 * :func:`lsh_cumulation`: ``out_i = (1/m) sum_h sum_j [q_h(i) = k_h(j)] v_j`` over real keys.
 * :func:`lsh_weighted_cumulation`: ``out_i = (1/m) sum_h sum_j [q_h(i) = k_h(j)] (qw_i . kw_j) v_j``.
+* :func:`lsh_weighted_cumulation_both`: that sum for queries and its transpose for keys at once.
 * :func:`lsh_collided_gradient`: ``out_i = sum_{j in U(i)} (qw_i . kw_j) f'(s x_ij) kv_j`` with
   ``x_ij = qv_i . kv_j``, U(i) the real keys colliding with query i in at least one hash (each
   counted once), ``f(x) = (1 - arccos(x)/pi)^tau`` and ``s = 0.99`` keeping f' finite.
@@ -200,6 +201,26 @@ class _SortedBuckets:
             )
             yield pair_query, self.order[starts[pair_query] + offset]
             chunk_start = chunk_end
+
+
+def lsh_weighted_cumulation_both(
+    query_codes: torch.Tensor,
+    query_mask: torch.Tensor,
+    query_weights: torch.Tensor,
+    query_values: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_mask: torch.Tensor,
+    key_weights: torch.Tensor,
+    key_values: torch.Tensor,
+    hash_bits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides of the weighted cumulation, which share the pair weights ``s_ij = qw_i . kw_j``:
+    ``(1/m) sum_h sum_j [collide] s_ij key_values_j`` per query and ``(1/m) sum_h sum_i [collide]
+    s_ij query_values_i`` per key (YOSO's lower-bound grad Q and grad K)."""
+    return (
+        lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, key_values, hash_bits),
+        lsh_weighted_cumulation(key_codes, key_mask, key_weights, query_codes, query_mask, query_weights, query_values, hash_bits),
+    )
 
 
 def collision_probability_derivative(x: torch.Tensor, hash_bits: int) -> torch.Tensor:

@@ -81,6 +81,16 @@ def test_lsh_weighted_cumulation_matches_the_reference(device, dtype, length, di
     assert_matches(torch.ops.yoso.lsh_weighted_cumulation(*args), reference.lsh_weighted_cumulation(*args), dtype)
 
 
+@pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
+@pytest.mark.parametrize("length, dim, tau", GRID)
+def test_lsh_weighted_cumulation_both_matches_the_reference(dtype, length, dim, tau):
+    require("cpu")
+    c = case(length, dim, tau, dtype, "cpu")
+    args = (c["query_codes"], c["mask"], c["weights"], c["queries"], c["key_codes"], c["mask"], c["values"], c["keys"], tau)
+    for out, expected in zip(torch.ops.yoso.lsh_weighted_cumulation_both(*args), reference.lsh_weighted_cumulation_both(*args)):
+        assert_matches(out, expected, dtype)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
 @pytest.mark.parametrize("length, dim, tau", GRID)
@@ -140,6 +150,10 @@ def test_opcheck(device):
         "lsh_weighted_cumulation": (c["query_codes"], c["mask"], c["weights"], c["key_codes"], c["mask"], c["values"], c["keys"], 5),
         "lsh_collided_gradient": (c["query_codes"], c["mask"], c["queries"], c["weights"], c["key_codes"], c["mask"], c["keys"], c["values"], 5),
     }
+    if device == "cpu":
+        calls["lsh_weighted_cumulation_both"] = (
+            c["query_codes"], c["mask"], c["weights"], c["queries"], c["key_codes"], c["mask"], c["values"], c["keys"], 5
+        )
     for name, args in calls.items():
         torch.library.opcheck(getattr(torch.ops.yoso, name), args, test_utils=OPCHECK_TESTS)
 

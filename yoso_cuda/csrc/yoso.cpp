@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -109,6 +110,18 @@ class Buckets {
       order.push_back(entries_[e].second);
     }
     start.push_back(static_cast<int64_t>(entries_.size()));
+  }
+
+  // Calls visit(code, first, last) for every occupied bucket, in ascending code order.
+  template <typename Visit>
+  void for_each_bucket(Visit visit) const {
+    if (dense_) {
+      for (int64_t c = 0; c + 1 < static_cast<int64_t>(offset_.size()); ++c) {
+        if (offset_[c + 1] > offset_[c]) visit(static_cast<int32_t>(c), offset_[c], offset_[c + 1]);
+      }
+      return;
+    }
+    for (size_t u = 0; u < codes.size(); ++u) visit(codes[u], start[u], start[u + 1]);
   }
 
   // The rows [begin, end) of `order` whose code is `code` (empty if none).
@@ -355,6 +368,96 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
   return out;
 }
 
+// Both sides of the weighted cumulation in one pass over the colliding pairs, for YOSO's
+// lower-bound backward where grad Q and grad K share the pair weights s_ij = qw_i . kw_j:
+//   query_out_i = (1/m) sum_h sum_j [collide] s_ij key_values_j
+//   key_out_j   = (1/m) sum_h sum_i [collide] s_ij query_values_i
+std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cpu(
+    const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_weights,
+    const at::Tensor& query_values, const at::Tensor& key_codes, const at::Tensor& key_mask,
+    const at::Tensor& key_weights, const at::Tensor& key_values, int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  check_codes(query_codes, "query_codes");
+  check_codes(key_codes, "key_codes");
+  check_same_hashes(query_codes, key_codes);
+  check_mask(query_mask, query_codes, "query_mask");
+  check_mask(key_mask, key_codes, "key_mask");
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(query_values, query_codes, "query_values");
+  check_rows(key_weights, key_codes, "key_weights");
+  check_rows(key_values, key_codes, "key_values");
+  TORCH_CHECK(query_weights.size(2) == key_weights.size(2), "query_weights and key_weights must have the same width, got ",
+              query_weights.size(2), " and ", key_weights.size(2));
+  const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
+  const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2);
+  const int64_t query_channels = query_values.size(2), key_channels = key_values.size(2);
+  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
+  const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights);
+  const at::Tensor qv = as_float(query_values), kv = as_float(key_values);
+  at::Tensor query_out = at::zeros({batch, num_queries, key_channels}, key_values.options().dtype(at::kFloat));
+  at::Tensor key_out = at::zeros({batch, num_keys, query_channels}, query_values.options().dtype(at::kFloat));
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    Buckets keys(hash_bits, num_keys), queries(hash_bits, num_queries);
+    std::vector<float> key_table(width * key_channels), query_table(width * query_channels);
+    for (int64_t b = begin; b < end; ++b) {
+      const int32_t* qc = q_codes.data_ptr<int32_t>() + b * num_queries * num_hashes;
+      const int32_t* kc = k_codes.data_ptr<int32_t>() + b * num_keys * num_hashes;
+      const bool* qm = q_mask.data_ptr<bool>() + b * num_queries;
+      const bool* km = k_mask.data_ptr<bool>() + b * num_keys;
+      const float* qwb = qw.data_ptr<float>() + b * num_queries * width;
+      const float* kwb = kw.data_ptr<float>() + b * num_keys * width;
+      const float* qvb = qv.data_ptr<float>() + b * num_queries * query_channels;
+      const float* kvb = kv.data_ptr<float>() + b * num_keys * key_channels;
+      float* qo = query_out.data_ptr<float>() + b * num_queries * key_channels;
+      float* ko = key_out.data_ptr<float>() + b * num_keys * query_channels;
+      for (int64_t h = 0; h < num_hashes; ++h) {
+        keys.group(kc, km, num_keys, num_hashes, h);
+        queries.group(qc, qm, num_queries, num_hashes, h);
+        queries.for_each_bucket([&](int32_t code, int64_t q_first, int64_t q_last) {
+          const auto [k_first, k_last] = keys.range(code);
+          const int64_t nq = q_last - q_first, nk = k_last - k_first;
+          if (nk == 0) return;
+          if (nq * nk * (width + query_channels + key_channels) <= (nq + nk) * width * (query_channels + key_channels)) {
+            for (int64_t e = q_first; e < q_last; ++e) {  // few pairs: one weight per pair, both updates
+              const int64_t i = queries.order[e];
+              for (int64_t f = k_first; f < k_last; ++f) {
+                const int64_t j = keys.order[f];
+                const float weight = dot(qwb + i * width, kwb + j * width, width);
+                add_scaled(qo + i * key_channels, kvb + j * key_channels, weight, key_channels);
+                add_scaled(ko + j * query_channels, qvb + i * query_channels, weight, query_channels);
+              }
+            }
+            return;
+          }
+          // A crowded bucket: sum kw (x) key_values and qw (x) query_values once, contract per row.
+          std::fill(key_table.begin(), key_table.end(), 0.f);
+          std::fill(query_table.begin(), query_table.end(), 0.f);
+          for (int64_t f = k_first; f < k_last; ++f) {
+            const int64_t j = keys.order[f];
+            for (int64_t w = 0; w < width; ++w) add_scaled(key_table.data() + w * key_channels, kvb + j * key_channels, kwb[j * width + w], key_channels);
+          }
+          for (int64_t e = q_first; e < q_last; ++e) {
+            const int64_t i = queries.order[e];
+            for (int64_t w = 0; w < width; ++w) add_scaled(query_table.data() + w * query_channels, qvb + i * query_channels, qwb[i * width + w], query_channels);
+          }
+          for (int64_t e = q_first; e < q_last; ++e) {
+            const int64_t i = queries.order[e];
+            for (int64_t w = 0; w < width; ++w) add_scaled(qo + i * key_channels, key_table.data() + w * key_channels, qwb[i * width + w], key_channels);
+          }
+          for (int64_t f = k_first; f < k_last; ++f) {
+            const int64_t j = keys.order[f];
+            for (int64_t w = 0; w < width; ++w) add_scaled(ko + j * query_channels, query_table.data() + w * query_channels, kwb[j * width + w], query_channels);
+          }
+        });
+      }
+      for (int64_t k = 0; k < num_queries * key_channels; ++k) qo[k] /= static_cast<float>(num_hashes);
+      for (int64_t k = 0; k < num_keys * query_channels; ++k) ko[k] /= static_cast<float>(num_hashes);
+    }
+  });
+  return {query_out, key_out};
+}
+
 at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
                                      const at::Tensor& query_vectors, const at::Tensor& query_weights,
                                      const at::Tensor& key_codes, const at::Tensor& key_mask,
@@ -424,6 +527,9 @@ TORCH_LIBRARY(yoso, m) {
       "lsh_weighted_cumulation(Tensor query_codes, Tensor query_mask, Tensor query_weights, Tensor key_codes, "
       "Tensor key_mask, Tensor key_weights, Tensor values, int hash_bits) -> Tensor");
   m.def(
+      "lsh_weighted_cumulation_both(Tensor query_codes, Tensor query_mask, Tensor query_weights, Tensor query_values, "
+      "Tensor key_codes, Tensor key_mask, Tensor key_weights, Tensor key_values, int hash_bits) -> (Tensor, Tensor)");
+  m.def(
       "lsh_collided_gradient(Tensor query_codes, Tensor query_mask, Tensor query_vectors, Tensor query_weights, "
       "Tensor key_codes, Tensor key_mask, Tensor key_vectors, Tensor key_weights, int hash_bits) -> Tensor");
 }
@@ -432,6 +538,7 @@ TORCH_LIBRARY_IMPL(yoso, CPU, m) {
   m.impl("hash_codes", &hash_codes_cpu);
   m.impl("lsh_cumulation", &lsh_cumulation_cpu);
   m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cpu);
+  m.impl("lsh_weighted_cumulation_both", &lsh_weighted_cumulation_both_cpu);
   m.impl("lsh_collided_gradient", &lsh_collided_gradient_cpu);
 }
 
