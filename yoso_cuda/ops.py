@@ -34,6 +34,7 @@ def kernels() -> BuildReport:
     return report
 
 
+@torch.compiler.assume_constant_result  # fixed once the kernels are built: no graph break under torch.compile
 def has_kernel(device: torch.device) -> bool:
     report = kernels()
     return report.cuda if device.type == "cuda" else device.type == "cpu" and report.cpu

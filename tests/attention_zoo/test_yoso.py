@@ -248,3 +248,29 @@ def test_bad_hyperparameters_are_clear_errors():
             attention_zoo.build("yoso", seq_len=8, num_heads=1, head_dim=4, **bad)
     with pytest.raises(TypeError, match="'lower_bound' | 'exact'"):
         attention_zoo.build("yoso", seq_len=8, num_heads=1, head_dim=4, backward="true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backward", ["lower_bound", "exact"])
+def test_torch_compile_matches_eager(backward):
+    """The ops' fake kernels let torch.compile trace YOSO; with eager's random stream inside the
+    compiled code (inductor draws its own random numbers otherwise) outputs and gradients agree."""
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    attn = attention_zoo.build("yoso", seq_len=128, num_heads=2, head_dim=DIM, num_hashes=8, backward=backward)
+    q, k, v = (torch.randn(2, 2, 128, DIM, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 128, dtype=torch.bool)
+    mask[1, 100:] = False
+    weight = torch.randn(2, 2, 128, DIM)  # a loss that is not constant under the output's l2 normalisation
+    results = []
+    with inductor_config.patch(fallback_random=True):
+        for fn in (torch.compile(attn), attn):
+            for tensor in (q, k, v):
+                tensor.grad = None
+            torch.manual_seed(1)
+            out = fn(q, k, v, mask)
+            (out * weight).sum().backward()
+            results.append([out.detach()] + [tensor.grad for tensor in (q, k, v)])
+    for compiled, eager in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
