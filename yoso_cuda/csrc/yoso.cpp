@@ -62,6 +62,18 @@ void check_same_hashes(const at::Tensor& query_codes, const at::Tensor& key_code
               key_codes.sizes());
 }
 
+// The arguments every cumulation shares: int32 codes of queries and keys with the same B and
+// number of hashes, bool masks matching them, and a supported hash_bits.
+void check_codes_and_masks(const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& key_codes,
+                           const at::Tensor& key_mask, int64_t hash_bits) {
+  check_hash_bits(hash_bits);
+  check_codes(query_codes, "query_codes");
+  check_codes(key_codes, "key_codes");
+  check_same_hashes(query_codes, key_codes);
+  check_mask(query_mask, query_codes, "query_mask");
+  check_mask(key_mask, key_codes, "key_mask");
+}
+
 at::Tensor as_float(const at::Tensor& tensor) { return tensor.to(at::kFloat).contiguous(); }
 
 // Whether a table with one row per code (2^tau rows) stays linear in the length.
@@ -233,12 +245,7 @@ at::Tensor hash_codes_cpu(const at::Tensor& vectors, const at::Tensor& signs, in
 at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
                               const at::Tensor& key_codes, const at::Tensor& key_mask, const at::Tensor& values,
                               int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  check_codes(query_codes, "query_codes");
-  check_codes(key_codes, "key_codes");
-  check_same_hashes(query_codes, key_codes);
-  check_mask(query_mask, query_codes, "query_mask");
-  check_mask(key_mask, key_codes, "key_mask");
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
   check_rows(values, key_codes, "values");
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), channels = values.size(2);
@@ -294,12 +301,7 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
                                        const at::Tensor& query_weights, const at::Tensor& key_codes,
                                        const at::Tensor& key_mask, const at::Tensor& key_weights,
                                        const at::Tensor& values, int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  check_codes(query_codes, "query_codes");
-  check_codes(key_codes, "key_codes");
-  check_same_hashes(query_codes, key_codes);
-  check_mask(query_mask, query_codes, "query_mask");
-  check_mask(key_mask, key_codes, "key_mask");
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
   check_rows(query_weights, query_codes, "query_weights");
   check_rows(key_weights, key_codes, "key_weights");
   check_rows(values, key_codes, "values");
@@ -376,12 +378,7 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cpu(
     const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_weights,
     const at::Tensor& query_values, const at::Tensor& key_codes, const at::Tensor& key_mask,
     const at::Tensor& key_weights, const at::Tensor& key_values, int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  check_codes(query_codes, "query_codes");
-  check_codes(key_codes, "key_codes");
-  check_same_hashes(query_codes, key_codes);
-  check_mask(query_mask, query_codes, "query_mask");
-  check_mask(key_mask, key_codes, "key_mask");
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
   check_rows(query_weights, query_codes, "query_weights");
   check_rows(query_values, query_codes, "query_values");
   check_rows(key_weights, key_codes, "key_weights");
@@ -462,12 +459,7 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
                                      const at::Tensor& query_vectors, const at::Tensor& query_weights,
                                      const at::Tensor& key_codes, const at::Tensor& key_mask,
                                      const at::Tensor& key_vectors, const at::Tensor& key_weights, int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  check_codes(query_codes, "query_codes");
-  check_codes(key_codes, "key_codes");
-  check_same_hashes(query_codes, key_codes);
-  check_mask(query_mask, query_codes, "query_mask");
-  check_mask(key_mask, key_codes, "key_mask");
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
   check_rows(query_vectors, query_codes, "query_vectors");
   check_rows(query_weights, query_codes, "query_weights");
   check_rows(key_vectors, key_codes, "key_vectors");
