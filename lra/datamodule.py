@@ -32,6 +32,8 @@ class LRADataModule(pl.LightningDataModule):
         self.task_data: TaskData | None = None
 
     def prepare_data(self) -> None:
+        # Once per node (Lightning calls it on one process): generate if needed, then prepare or
+        # verify the cache; setup() on every process only memory-maps it.
         prepare_task(self.task, self.data)
 
     def setup(self, stage: str | None = None) -> None:

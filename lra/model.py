@@ -7,6 +7,9 @@ The paper's sizes are the defaults: 2 layers, width 64, 2 heads of 32, FFN 128, 
 
 Mean pooling follows the original code: the sum over real tokens divided by the padded length
 (``mean`` over every position after padded positions were zeroed), not a masked mean.
+
+Retrieval uses the paper's dual encoder: both documents go through the same encoder separately (no
+attention between them) and the head reads ``[u, v, u * v, u - v]`` of their pooled features u, v.
 """
 
 from __future__ import annotations
@@ -102,3 +105,24 @@ class LRAClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids))  # (b, num_classes)
+
+
+class LRADualClassifier(nn.Module):
+    """Two documents -> class logits: one shared encoder, the head on ``[u, v, u * v, u - v]``."""
+
+    def __init__(self, num_classes: int, encoder: LRAEncoder, hidden_dim: int = 128) -> None:
+        super().__init__()
+        self.encoder = encoder
+        dim = encoder.token_embedding.embedding_dim
+        self.head = nn.Sequential(nn.Linear(4 * dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
+
+    def forward(self, input_ids_0: torch.Tensor, input_ids_1: torch.Tensor) -> torch.Tensor:
+        if input_ids_0.shape != input_ids_1.shape:
+            raise ValueError(
+                f"both documents must have the same (batch, seq) shape, got {tuple(input_ids_0.shape)} "
+                f"and {tuple(input_ids_1.shape)}"
+            )
+        # Two passes, as the original: stacking both documents into one batch would change
+        # attentions whose statistics span the batch (the table's Nystromformer pinv init).
+        u, v = self.encoder(input_ids_0), self.encoder(input_ids_1)  # (b, dim) each
+        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # (b, num_classes)

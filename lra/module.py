@@ -43,11 +43,12 @@ class LRAClassificationModule(pl.LightningModule):
         # (global step, validation accuracy) of every evaluation, to report the best one's step.
         self.validation_history: list[tuple[int, float]] = []
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids)
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**inputs)
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str, accuracy: torchmetrics.Metric) -> torch.Tensor:
-        logits = self(batch["input_ids"])
+        # Every key but the label is a model input: input_ids, or input_ids_0 and input_ids_1.
+        logits = self(**{name: value for name, value in batch.items() if name != "label"})
         loss = F.cross_entropy(logits.float(), batch["label"])
         accuracy(logits, batch["label"])
         on_step = stage == "train"

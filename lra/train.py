@@ -28,7 +28,8 @@ import attention_zoo
 
 from . import results
 from .datamodule import LRADataModule
-from .model import LRAClassifier, LRAEncoder
+from .data.tasks import get_spec
+from .model import LRAClassifier, LRADualClassifier, LRAEncoder
 from .module import LRAClassificationModule
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def build_module(cfg: DictConfig) -> LRAClassificationModule:
         dropout=model.dropout,
         attention_in_fp32=model.attention_in_fp32,
     )
-    classifier = LRAClassifier(task.num_classes, encoder, hidden_dim=model.head_hidden_dim)
+    dual = len(get_spec(task.name).inputs) == 2
+    classifier = (LRADualClassifier if dual else LRAClassifier)(task.num_classes, encoder, hidden_dim=model.head_hidden_dim)
     return LRAClassificationModule(
         classifier,
         num_classes=task.num_classes,
@@ -139,8 +141,9 @@ def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     device = trainer.strategy.root_device
     peak_memory, peak_memory_kind = results.peak_memory_mb(device)
     return {
-        "data_source": datamodule.task_data.source,
+        "data_source": datamodule.task_data.data_source,
         "data_folder": str(datamodule.task_data.folder),
+        "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
         "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
         "steps": trainer.global_step,

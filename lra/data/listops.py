@@ -19,7 +19,8 @@ so the reader loads the generated folder and the real ``lra_release/listops-1000
 
 The reader removes ``(`` and ``)`` and makes ``]`` a token of its own, then maps tokens through the
 fixed vocabulary :data:`VOCAB` (0 is padding; an unknown token is an error naming file and line).
-Sequences are padded with zeros to ``seq_len`` (2048 in the paper's protocol: LRA's 2000 plus 48).
+Sequences are padded with zeros to ``max_length`` (2000, LRA's length); the model pads them to its
+``seq_len`` (2048 in the paper's protocol).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .formats import SPLITS, Prepared, Split
+
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 CLOSE = "]"
-SPLITS = ("train", "val", "test")
 NUM_CLASSES = 10
 
 #: Token -> id. Id 0 is padding; the order is fixed here (the official pipeline's order comes from a
@@ -190,12 +192,12 @@ def tokenize(source: str) -> list[str]:
     return source.replace("(", " ").replace(")", " ").replace(CLOSE, f" {CLOSE} ").split()
 
 
-def read_split(folder: Path, split: str, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``basic_<split>.tsv`` into token ids ``(num_samples, seq_len)`` int64 and labels.
+def read_split(folder: Path, split: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``basic_<split>.tsv`` into token ids ``(num_samples, max_length)`` uint8 and int64 labels.
 
     Raises ``FileNotFoundError`` naming the expected layout when the file is missing, and
     ``ValueError`` naming file and line for a malformed header, an unknown token, a bad label or a
-    sequence longer than ``seq_len`` (nothing is silently truncated).
+    sequence longer than ``max_length`` (nothing is silently truncated).
     """
     path = split_path(folder, split)
     if not path.is_file():
@@ -216,13 +218,14 @@ def read_split(folder: Path, split: str, seq_len: int) -> tuple[np.ndarray, np.n
                 raise ValueError(
                     f"{path}:{line_number}: unknown ListOps token {error.args[0]!r}; valid tokens: {' '.join(VOCAB)}"
                 ) from None
-            if len(tokens) > seq_len:
+            if len(tokens) > max_length:
                 raise ValueError(
-                    f"{path}:{line_number}: {len(tokens)} tokens exceed seq_len={seq_len}; raise the task's seq_len"
+                    f"{path}:{line_number}: {len(tokens)} tokens exceed max_length={max_length}; "
+                    "raise the task's data.max_length (and seq_len)"
                 )
             if not target.strip().isdigit() or not 0 <= int(target) < NUM_CLASSES:
                 raise ValueError(f"{path}:{line_number}: label must be an integer 0-9, got {target!r}")
-            row_ids = np.zeros(seq_len, dtype=np.int64)
+            row_ids = np.zeros(max_length, dtype=np.uint8)
             row_ids[: len(tokens)] = tokens
             ids.append(row_ids)
             labels.append(int(target))
@@ -231,10 +234,20 @@ def read_split(folder: Path, split: str, seq_len: int) -> tuple[np.ndarray, np.n
     return np.stack(ids), np.asarray(labels, dtype=np.int64)
 
 
+def read(source: Path, *, max_length: int = 2000) -> Prepared:
+    """The three official TSVs of ``source`` (a ``listops-1000`` folder) as token arrays."""
+    splits = {}
+    for split in SPLITS:
+        input_ids, labels = read_split(source, split, max_length)
+        splits[split] = Split(arrays={"input_ids": input_ids}, labels=labels)
+    return Prepared(splits)
+
+
 def missing_data_message(folder: Path) -> str:
     return (
         f"ListOps data not found in {folder}: expected basic_train.tsv, basic_val.tsv and basic_test.tsv "
-        "(header 'Source<TAB>Target'). Either point task.data.release_dir at the 'listops-1000' folder of the "
-        "official LRA release (lra_release/listops-1000, from the google-research/long-range-arena "
-        "README), or generate the data with the official algorithm: task.data.source=generated."
+        "(header 'Source<TAB>Target'). Either point task.data.source_dir at the 'listops-1000' folder of the "
+        "official LRA release (https://storage.googleapis.com/long-range-arena/lra_release.gz, a tar archive; "
+        "folder lra_release/listops-1000), or generate the data with the official algorithm: "
+        "task.data.source=generated (or `python -m lra.data generate listops --out DIR`)."
     )

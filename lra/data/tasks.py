@@ -1,59 +1,211 @@
-"""Load a task's train/val/test splits from its configured source into in-memory datasets."""
+"""The five LRA tasks: where each one's data comes from, and how it reaches the model.
+
+A task config's ``data`` section (``conf/task/<task>.yaml``) says::
+
+    source: auto | official | generated
+    source_dir: the official files (an LRA release folder, aclImdb, cifar-10-batches-py)
+    cache_dir: where prepared arrays live (lra.data.cache)
+    max_length: tokens kept per sequence (per document for retrieval)
+    options: reader options that change the arrays (Pathfinder's split_seed)
+    generator: ListOps / Pathfinder generator parameters (source=generated)
+    generated_dir: where generated raw files are written
+    pixel_zero_is_padding: image / pathfinder only (see below)
+
+``official`` reads ``source_dir`` (or, when it is gone, a cache prepared from it earlier with
+``python -m lra.data prepare``); ``generated`` runs the task's generator (ListOps, Pathfinder) into
+``generated_dir`` and prepares that; ``auto`` is ``official`` when its files or cache exist and
+``generated`` otherwise. Tasks without a generator never get stand-in data: a missing source is an
+error that says where the data is published and how to prepare it.
+
+Image and Pathfinder use pixel intensities 0..255 as token ids and, like the original code, treat
+id 0 (a black pixel) as padding. ``pixel_zero_is_padding: false`` shifts every pixel to id + 1
+(vocabulary 257), so no pixel is masked.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import listops
+from . import cache
+from .formats import SPLITS, Prepared
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What the harness needs to know about one task's data."""
+
+    name: str
+    reader: str  # module in lra.data with read(source, *, max_length, **options) -> Prepared
+    official_source: str  # data_source label of the official files: lra_release, imdb, cifar10
+    inputs: tuple[str, ...]  # the token arrays of a sample; two for the dual-encoder retrieval task
+    has_generator: bool = False
+    pixels: bool = False  # tokens are pixel intensities (pixel_zero_is_padding applies)
+
+    def read(self, source: Path, max_length: int, options: dict[str, Any]) -> Prepared:
+        module = importlib.import_module(f"lra.data.{self.reader}")
+        return module.read(source, max_length=max_length, **options)
+
+
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in (
+        TaskSpec("listops", "listops", "lra_release", ("input_ids",), has_generator=True),
+        TaskSpec("text", "text", "imdb", ("input_ids",)),
+        TaskSpec("retrieval", "retrieval", "lra_release", ("input_ids_0", "input_ids_1")),
+        TaskSpec("image", "image", "cifar10", ("input_ids",), pixels=True),
+        TaskSpec("pathfinder", "pathfinder", "lra_release", ("input_ids",), has_generator=True, pixels=True),
+        TaskSpec("pathx", "pathfinder", "lra_release", ("input_ids",), has_generator=True, pixels=True),
+    )
+}
+SOURCES = ("auto", "official", "generated")
+
+
+def get_spec(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def missing_source_message(spec: TaskSpec, source_dir: Path) -> str:
+    """The reader's own explanation of the expected layout and where the data is published."""
+    try:
+        spec.read(source_dir, 1, {})
+    except FileNotFoundError as error:
+        return str(error)
+    return f"{spec.name} data not found in {source_dir}"
+
+
+def generate(spec: TaskSpec, data: dict[str, Any], log: Callable[[str], None] = print) -> Path:
+    """Run the task's generator into ``data.generated_dir`` (once) and return the folder."""
+    generated_dir = Path(data["generated_dir"])
+    if spec.reader == "listops":
+        from . import listops
+
+        return listops.ensure_generated(generated_dir, listops.GeneratorConfig(**data["generator"]))
+    from . import pathfinder_generator
+
+    params = dict(data["generator"])
+    num_samples, seed = params.pop("num_samples"), params.pop("seed")
+    config = pathfinder_generator.PathfinderConfig.lra(**params)
+    return pathfinder_generator.ensure_generated(generated_dir, config, num_samples, seed)
+
+
+def cache_key(spec: TaskSpec, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What the cached arrays depend on. The source folder's path is not part of it, so a cache
+    prepared from a download keeps working after the download is moved or deleted."""
+    key = {"kind": kind, "max_length": data["max_length"], "options": dict(data.get("options") or {})}
+    if kind == "generated":
+        key["generator"] = dict(data["generator"])
+    return key
+
+
+@dataclass
+class Resolved:
+    """Where a task's data comes from in this run."""
+
+    kind: str  # official | generated
+    data_source: str  # the label results.json records: lra_release, imdb, cifar10, generated
+    folder: Path  # its cache folder
+    key: dict[str, Any]
+
+
+def resolve(name: str, data: dict[str, Any]) -> Resolved:
+    """Decide between the official files and the generator, without reading or generating."""
+    spec = get_spec(name)
+    source = data["source"]
+    if source not in SOURCES:
+        raise ValueError(f"unknown task.data.source {source!r} for {name}; use one of {', '.join(SOURCES)}")
+    if source == "generated" and not spec.has_generator:
+        raise ValueError(
+            f"{name} has no generator (only listops and pathfinder do); use task.data.source=official "
+            "with the official files"
+        )
+    cache_dir = Path(data["cache_dir"])
+    if source in ("auto", "official"):
+        key = cache_key(spec, "official", data)
+        folder = cache.cache_folder(cache_dir, name, key)
+        if Path(data["source_dir"]).is_dir() or (folder / cache.MANIFEST).is_file():
+            return Resolved("official", spec.official_source, folder, key)
+        if source == "official" or not spec.has_generator:
+            raise FileNotFoundError(missing_source_message(spec, Path(data["source_dir"])))
+    key = cache_key(spec, "generated", data)
+    return Resolved("generated", "generated", cache.cache_folder(cache_dir, name, key), key)
+
+
+def prepare_task(name: str, data: dict[str, Any], *, force: bool = False, log: Callable[[str], None] = print) -> Resolved:
+    """Make sure the task's cache is present, current and intact (generating data first if needed)."""
+    spec = get_spec(name)
+    resolved = resolve(name, data)
+    if resolved.kind == "official":
+        source_dir = Path(data["source_dir"])
+        if not source_dir.is_dir():  # prepared earlier from a folder that is gone: use the cache as is
+            cache.verify(resolved.folder, cache.read_manifest(resolved.folder), checksums=True)
+            return resolved
+    else:
+        source_dir = generate(spec, data, log)
+    options = dict(data.get("options") or {})
+    cache.prepare(
+        resolved.folder, name, resolved.key, source_dir,
+        lambda: spec.read(source_dir, data["max_length"], options), force=force, log=log,
+    )
+    return resolved
 
 
 class TokenDataset(Dataset):
-    """Fixed-length token ids and labels; a sample is ``{"input_ids": (seq_len,) int64, "label": int64}``."""
+    """One split of a prepared task, read row by row from the memory-mapped cache.
 
-    def __init__(self, input_ids: np.ndarray, labels: np.ndarray) -> None:
-        if input_ids.ndim != 2 or len(input_ids) != len(labels):
-            raise ValueError(f"need input_ids (num, seq_len) and labels (num,), got {input_ids.shape}, {labels.shape}")
-        self.input_ids = torch.from_numpy(input_ids)
-        self.labels = torch.from_numpy(labels)
+    A sample is ``{"input_ids": (seq_len,) int64, "label": int64}`` (retrieval: ``input_ids_0`` and
+    ``input_ids_1``), right-padded with zeros from the cached ``max_length`` to the model's
+    ``seq_len``; ``token_offset`` is added to every stored token first.
+    """
+
+    def __init__(self, split: cache.CachedSplit, seq_len: int, token_offset: int = 0) -> None:
+        for name, array in split.arrays.items():
+            if array.shape[1] > seq_len:
+                raise ValueError(
+                    f"the cached {name} rows hold {array.shape[1]} tokens but task.seq_len={seq_len}; "
+                    "raise seq_len (the model's length) or prepare with a smaller data.max_length"
+                )
+        self.split = split
+        self.seq_len = seq_len
+        self.token_offset = token_offset
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.split)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids[index], "label": self.labels[index]}
+        sample = {}
+        for name, array in self.split.arrays.items():
+            row = np.zeros(self.seq_len, dtype=np.int64)
+            row[: array.shape[1]] = array[index]
+            row[: array.shape[1]] += self.token_offset
+            sample[name] = torch.from_numpy(row)
+        sample["label"] = torch.tensor(int(self.split.labels[index]))
+        return sample
 
 
 @dataclass
 class TaskData:
     splits: dict[str, TokenDataset]
-    source: str  # where the data came from: "lra_release" or "generated"
-    folder: Path
-
-
-TASKS = ("listops",)
-
-
-def prepare_task(name: str, data: dict[str, Any]) -> Path:
-    """Return the folder holding task ``name``'s files, generating them first if the source says so."""
-    if name not in TASKS:
-        raise ValueError(f"task {name!r} has no data loader yet; available tasks: {', '.join(TASKS)}")
-    source = data["source"]
-    if source == "generated":
-        return listops.ensure_generated(Path(data["generated_dir"]), listops.GeneratorConfig(**data["generator"]))
-    if source == "lra_release":
-        return Path(data["release_dir"])
-    raise ValueError(f"unknown data source {source!r} for {name}; use 'lra_release' or 'generated'")
+    data_source: str  # lra_release, imdb, cifar10 or generated
+    folder: Path  # the cache folder
+    manifest: dict[str, Any]
 
 
 def load_task(name: str, seq_len: int, data: dict[str, Any]) -> TaskData:
-    """Load the splits of task ``name`` as described by the task config's ``data`` section."""
-    source = data["source"]
-    folder = prepare_task(name, data)
-    splits = {split: TokenDataset(*listops.read_split(folder, split, seq_len)) for split in listops.SPLITS}
-    return TaskData(splits=splits, source=source, folder=folder)
+    """The task's splits from its cache, preparing the cache first if it is not there yet."""
+    spec = get_spec(name)
+    resolved = resolve(name, data)
+    if not (resolved.folder / cache.MANIFEST).is_file():
+        resolved = prepare_task(name, data)
+    splits, manifest = cache.load(resolved.folder)
+    offset = 1 if spec.pixels and not data.get("pixel_zero_is_padding", True) else 0
+    datasets = {split: TokenDataset(splits[split], seq_len, offset) for split in SPLITS}
+    return TaskData(datasets, resolved.data_source, resolved.folder, manifest)

@@ -7,6 +7,7 @@ import pytest
 # A ListOps small enough to train in seconds; the rest of the configuration is the real default.
 TINY = [
     "task.seq_len=64",
+    "task.data.max_length=60",
     "task.data.generator.num_train=64",
     "task.data.generator.num_val=32",
     "task.data.generator.num_test=24",

@@ -99,7 +99,7 @@ def test_reader_on_a_hand_written_official_file(tmp_path):
     rows = [("( ( ( [MAX 2 ) 9 ) ] )", "9"), ("( ( ( ( [SM 3 ) 4 ) 5 ) ] )", "2")]
     for split in listops.SPLITS:
         write_official_tsv(tmp_path / f"basic_{split}.tsv", rows)
-    ids, labels = listops.read_split(tmp_path, "train", seq_len=8)
+    ids, labels = listops.read_split(tmp_path, "train", max_length=8)
     expected = np.array(
         [
             [VOCAB["[MAX"], VOCAB["2"], VOCAB["9"], VOCAB["]"], 0, 0, 0, 0],
@@ -108,13 +108,13 @@ def test_reader_on_a_hand_written_official_file(tmp_path):
     )
     np.testing.assert_array_equal(ids, expected)
     np.testing.assert_array_equal(labels, [9, 2])
-    assert ids.dtype == np.int64 and listops.PAD_ID == 0 and listops.VOCAB_SIZE == 16
+    assert ids.dtype == np.uint8 and listops.PAD_ID == 0 and listops.VOCAB_SIZE == 16
     assert sorted(VOCAB.values()) == list(range(1, 16))
 
 
 def test_reader_accepts_a_bracket_glued_to_a_digit(tmp_path):
     write_official_tsv(tmp_path / "basic_val.tsv", [("( [MIN 3 7] )", "3")])
-    ids, _ = listops.read_split(tmp_path, "val", seq_len=4)
+    ids, _ = listops.read_split(tmp_path, "val", max_length=4)
     np.testing.assert_array_equal(ids[0], [VOCAB["[MIN"], VOCAB["3"], VOCAB["7"], VOCAB["]"]])
 
 
@@ -122,7 +122,7 @@ def test_writer_and_reader_round_trip(tmp_path, small_splits):
     listops.write_tsv(tmp_path / "basic_test.tsv", small_splits["test"])
     with open(tmp_path / "basic_test.tsv") as f:
         assert f.readline() == "Source\tTarget\n"
-    ids, labels = listops.read_split(tmp_path, "test", seq_len=128)
+    ids, labels = listops.read_split(tmp_path, "test", max_length=128)
     assert ids.shape == (40, 128)
     for row, (source, label) in zip(ids, small_splits["test"]):
         tokens = listops.tokenize(source)
@@ -137,7 +137,7 @@ def test_writer_and_reader_round_trip(tmp_path, small_splits):
         ([("( [MIN 3 x ] )", "3")], "Source\tTarget", "unknown ListOps token 'x'"),
         ([("( [MIN 3 4 ] )", "12")], "Source\tTarget", "label must be an integer 0-9"),
         ([("( [MIN 3 4 ] )", "3")], "text\tlabel", "expected the header"),
-        ([("( [MIN 3 4 5 6 7 8 ] )", "3")], "Source\tTarget", "exceed seq_len=4"),
+        ([("( [MIN 3 4 5 6 7 8 ] )", "3")], "Source\tTarget", "exceed max_length=4"),
     ],
 )
 def test_reader_errors_name_file_line_and_problem(tmp_path, rows, header, message):
@@ -146,13 +146,13 @@ def test_reader_errors_name_file_line_and_problem(tmp_path, rows, header, messag
         for source, target in rows:
             f.write(f"{source}\t{target}\n")
     with pytest.raises(ValueError, match=message) as error:
-        listops.read_split(tmp_path, "train", seq_len=4)
+        listops.read_split(tmp_path, "train", max_length=4)
     assert "basic_train.tsv" in str(error.value)
 
 
 def test_missing_folder_names_it_and_how_to_get_the_data(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
-        listops.read_split(tmp_path / "nowhere", "train", seq_len=8)
+        listops.read_split(tmp_path / "nowhere", "train", max_length=8)
     message = str(error.value)
     assert str(tmp_path / "nowhere") in message
     assert "listops-1000" in message and "task.data.source=generated" in message

@@ -55,7 +55,7 @@ def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
 
 @pytest.mark.slow
 def test_missing_release_folder_is_a_clear_error(tmp_path, run_train):
-    process = run_train("task.data.source=lra_release", check=False)
+    process = run_train("task.data.source=official", check=False)
     assert process.returncode != 0
     missing = tmp_path / "data" / "lra_release" / "listops-1000"
     assert f"ListOps data not found in {missing}" in process.stderr

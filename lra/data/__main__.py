@@ -1,0 +1,165 @@
+"""Prepare, list and generate LRA data: ``python -m lra.data {prepare,info,generate} ...``.
+
+    python -m lra.data prepare text --source ~/datasets/aclImdb
+    python -m lra.data info [--verify]
+    python -m lra.data generate listops --out data/listops --seed 0
+    python -m lra.data generate pathfinder --out data/pathfinder32 --num-samples 200000 --seed 0
+
+``prepare`` reads the official files into the cache that training memory-maps (the settings not
+given on the command line are the task's, from ``conf/task/<task>.yaml``, so training finds the
+cache without further flags). ``generate`` writes the official on-disk layout, which ``prepare``
+(or training with ``task.data.source_dir=DIR``) then reads like the real release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import cache
+from .tasks import TASKS, prepare_task
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def task_data_config(task: str) -> dict[str, Any]:
+    """The ``task.data`` section training uses for ``task`` under the paper's protocol."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    return OmegaConf.to_container(cfg.task.data, resolve=True)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    data = task_data_config(args.task)
+    data.update(source="official", source_dir=str(args.source))
+    if args.cache is not None:
+        data["cache_dir"] = str(args.cache)
+    if args.max_length is not None:
+        data["max_length"] = args.max_length
+    if not args.source.is_dir():
+        raise SystemExit(f"error: --source {args.source} is not a folder")
+    resolved = prepare_task(args.task, data, force=args.force)
+    print(f"{args.task}: ready in {resolved.folder}")
+
+
+def human_bytes(num_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if num_bytes < 1024 or unit == "GB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def info(args: argparse.Namespace) -> None:
+    cache_dir = args.cache or Path(task_data_config("listops")["cache_dir"])
+    found = cache.list_prepared(cache_dir)
+    if not found:
+        print(f"nothing prepared under {cache_dir}")
+        return
+    problems = 0
+    for folder, manifest, problem in found:
+        if manifest is not None and args.verify:
+            try:
+                cache.verify(folder, manifest, checksums=True)
+            except cache.CacheError as error:
+                problem = str(error)
+        if problem:
+            problems += 1
+            print(f"{folder}\n  CORRUPT: {problem}\n  fix: delete the folder and prepare again")
+            continue
+        key = manifest["key"]
+        sizes = " / ".join(f"{split} {entry['num_samples']}" for split, entry in manifest["splits"].items())
+        disk = sum(entry["num_bytes"] for entry in cache.stored_files(manifest))
+        print(f"{folder}")
+        print(f"  {manifest['task']} ({key['kind']}), max_length {key['max_length']}, {sizes}, {human_bytes(disk)}")
+        print(f"  from {manifest['source']['path']} ({manifest['source']['num_files']} files), prepared {manifest['created_at']}")
+        if key.get("options"):
+            print(f"  options: {key['options']}")
+        if key.get("generator"):
+            print(f"  generator: {key['generator']}")
+        for note, value in manifest.get("notes", {}).items():
+            print(f"  {note}: {value}")
+        if args.verify:
+            print("  checksums: ok")
+    if problems:
+        sys.exit(1)
+
+
+def generate_listops(args: argparse.Namespace) -> None:
+    from . import listops
+
+    config = listops.GeneratorConfig(
+        num_train=args.num_train, num_val=args.num_val, num_test=args.num_test,
+        min_length=args.min_length, max_length=args.max_length, seed=args.seed,
+    )
+    if any(listops.split_path(args.out, split).exists() for split in listops.SPLITS):
+        raise SystemExit(f"error: {args.out} already holds basic_*.tsv files; choose another --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"Generating ListOps ({config.total} samples, seed {config.seed}) into {args.out}", flush=True)
+    for split, rows in listops.generate(config).items():
+        listops.write_tsv(listops.split_path(args.out, split), rows)
+    print(f"wrote {', '.join(str(listops.split_path(args.out, s)) for s in listops.SPLITS)}")
+
+
+def generate_pathfinder(args: argparse.Namespace) -> None:
+    from . import pathfinder_generator
+
+    config = pathfinder_generator.PathfinderConfig.lra(resolution=args.resolution, contour_length=args.contour_length)
+    folder = pathfinder_generator.generate(args.out, config, args.num_samples, args.seed, workers=args.workers)
+    print(f"wrote {args.num_samples} images and their metadata into {folder}")
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m lra.data", description=__doc__.split("\n\n")[0])
+    commands = main.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("prepare", help="read a task's official files into the training cache")
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--source", type=Path, required=True, help="the official folder (see README, 'The five tasks')")
+    p.add_argument("--cache", type=Path, help="cache folder (default: the task config's, data/cache)")
+    p.add_argument("--max-length", type=int, help="tokens kept per sequence (default: the task config's)")
+    p.add_argument("--force", action="store_true", help="prepare again even if the cache is current")
+    p.set_defaults(run=prepare)
+
+    p = commands.add_parser("info", help="list what is prepared")
+    p.add_argument("--cache", type=Path, help="cache folder (default: data/cache or $LRA_DATA_DIR/cache)")
+    p.add_argument("--verify", action="store_true", help="re-hash every file against its manifest")
+    p.set_defaults(run=info)
+
+    generate = commands.add_parser("generate", help="generate ListOps or Pathfinder in the official layout")
+    generators = generate.add_subparsers(dest="generator", required=True)
+    p = generators.add_parser("listops", help="basic_{train,val,test}.tsv with the official algorithm")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--num-train", type=int, default=96_000)
+    p.add_argument("--num-val", type=int, default=2_000)
+    p.add_argument("--num-test", type=int, default=2_000)
+    p.add_argument("--min-length", type=int, default=500, help="exclusive lower bound on the token count")
+    p.add_argument("--max-length", type=int, default=2_000, help="exclusive upper bound on the token count")
+    p.add_argument("--seed", type=int, required=True)
+    p.set_defaults(run=generate_listops)
+    p = generators.add_parser("pathfinder", help="imgs/<k>/sample_<i>.png and metadata/<k>.npy")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--num-samples", type=int, default=200_000)
+    p.add_argument("--resolution", type=int, choices=(32, 128), default=32, help="32: Pathfinder, 128: Path-X")
+    p.add_argument("--contour-length", type=int, default=14, help="14 is LRA's 'hard' level")
+    p.add_argument("--workers", type=int, help="processes (default: every core)")
+    p.add_argument("--seed", type=int, required=True)
+    p.set_defaults(run=generate_pathfinder)
+    return main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (FileNotFoundError, ValueError, cache.CacheError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
