@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lra.model import LRAClassifier, LRAEncoder
+from lra.model import LRAClassifier, LRADualClassifier, LRAEncoder
 from lra.module import LRAClassificationModule
 
 
@@ -33,6 +33,31 @@ def test_padding_does_not_change_real_tokens_features():
     alone = encoder(row)
     batch = torch.cat([row, torch.randint(1, 10, (3, 16))])
     torch.testing.assert_close(encoder(batch)[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_dual_encoder_head_reads_u_v_product_and_difference():
+    torch.manual_seed(0)
+    model = LRADualClassifier(2, LRAEncoder(vocab_size=10, seq_len=12, dropout=0.0)).eval()
+    first, second = torch.randint(1, 10, (3, 12)), torch.randint(1, 10, (3, 12))
+    second[:, 7:] = 0
+    u, v = model.encoder(first), model.encoder(second)  # each document encoded alone
+    expected = model.head(torch.cat([u, v, u * v, u - v], dim=-1))
+    torch.testing.assert_close(model(first, second), expected)
+    assert model.head[0].in_features == 4 * 64
+    # The pair is ordered: swapping the documents changes u - v and so the logits.
+    assert not torch.allclose(model(second, first), expected)
+    with pytest.raises(ValueError, match="same \\(batch, seq\\) shape"):
+        model(first, second[:, :6])
+
+
+def test_module_feeds_every_input_of_the_batch():
+    torch.manual_seed(0)
+    model = LRADualClassifier(2, LRAEncoder(vocab_size=10, seq_len=8, dropout=0.0))
+    module = LRAClassificationModule(model, num_classes=2, warmup_steps=0, max_steps=10).eval()  # no dropout
+    batch = {"input_ids_0": torch.randint(1, 10, (4, 8)), "input_ids_1": torch.randint(1, 10, (4, 8)), "label": torch.tensor([0, 1, 1, 0])}
+    loss = module.training_step(batch, 0)
+    expected = torch.nn.functional.cross_entropy(model(batch["input_ids_0"], batch["input_ids_1"]), batch["label"])
+    torch.testing.assert_close(loss, expected)
 
 
 def test_input_longer_than_the_model_is_an_error():
