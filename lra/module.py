@@ -69,6 +69,13 @@ class LRAClassificationModule(pl.LightningModule):
         if not self.trainer.sanity_checking:
             self.validation_history.append((self.global_step, float(self.trainer.callback_metrics["val/acc"])))
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["validation_history"] = self.validation_history
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # A resumed run still reports the best evaluation from before the interruption.
+        self.validation_history = list(checkpoint.get("validation_history", []))
+
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = torch.optim.AdamW(

@@ -20,6 +20,7 @@ import hydra
 import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
@@ -93,8 +94,8 @@ def build_module(cfg: DictConfig) -> LRAClassificationModule:
     )
 
 
-def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Train, select the best-validation checkpoint, test it; return the measured part of the record."""
+def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
+    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record."""
     protocol = cfg.task.protocol
     if protocol.val_check_interval > protocol.max_steps:
         raise ValueError(
@@ -117,6 +118,7 @@ def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         monitor="val/acc",
         mode="max",
         save_top_k=1,
+        save_last=True,  # checkpoints/last.ckpt: where an interrupted run resumes
         auto_insert_metric_name=False,
     )
     trainer = pl.Trainer(
@@ -133,7 +135,7 @@ def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         default_root_dir=output_dir,
         enable_progress_bar=cfg.trainer.progress_bar,
     )
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
     best_val_step, best_val_acc = max(module.validation_history, key=lambda entry: entry[1])
@@ -159,22 +161,34 @@ def fit_and_test(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     }
 
 
-def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """Run one cell unless ``output_dir`` already holds its finished result; return the record."""
+def train(cfg: DictConfig, output_dir: Path, keep_going: bool = False, row: str | None = None) -> dict[str, Any]:
+    """Run one cell unless ``output_dir`` already holds its finished result; return the record.
+
+    An earlier interrupted or failed run of the same configuration resumes from its last
+    checkpoint. With ``keep_going`` (a multirun sweep) an exception is recorded in
+    ``results.json`` and returned instead of raised, so that the other cells still run. ``row``
+    names the table row the run belongs to (the attention preset and any overrides of it).
+    """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / results.RESULTS_FILE
     defining = defining_config(cfg)
     config_hash = results.config_hash(defining)
     previous = results.read(results_path)
-    if previous and previous.get("status") == "finished" and previous.get("config_hash") == config_hash:
+    same_config = previous is not None and previous.get("config_hash") == config_hash
+    if same_config and previous.get("status") == "finished":
         log.info("Skipping: %s already holds a finished run of this configuration (%s)", results_path, config_hash)
         return previous
+    last_checkpoint = output_dir / "checkpoints" / "last.ckpt"
+    resume_from = last_checkpoint if same_config and last_checkpoint.is_file() else None
+    if resume_from:
+        log.info("Resuming the interrupted run from %s", resume_from)
 
     attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])
     record: dict[str, Any] = {
         "task": cfg.task.name,
         "attention": cfg.attention.name,
+        "row": row or cfg.attention.name,
         "attention_hparams": dict(vars(attention_config)),
         "seed": cfg.seed,
         "protocol": defining["task"]["protocol"],
@@ -186,13 +200,21 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         "started_at": results.now(),
         "status": "running",
     }
+    if resume_from:
+        record["resumed_from"] = str(resume_from)
     results.write(results_path, record)
     start = time.perf_counter()
     try:
-        record.update(fit_and_test(cfg, output_dir))
+        record.update(fit_and_test(cfg, output_dir, resume_from))
         record["status"] = "finished"
-    except BaseException as error:
+    except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
+        if not keep_going:
+            raise
+        log.exception("This cell failed; its error is recorded in %s and the sweep goes on", results_path)
+        return record
+    except BaseException as error:  # KeyboardInterrupt, SystemExit: stop the sweep, keep last.ckpt to resume
+        record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
@@ -207,7 +229,12 @@ def train(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    record = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hydra_config = HydraConfig.get()
+    # The table row: the preset (conf/attention/<preset>.yaml) plus any command-line change to it.
+    changes = [o for o in hydra_config.overrides.task if o.split("=", 1)[0].lstrip("+~").startswith("attention.")]
+    row = " ".join([hydra_config.runtime.choices["attention"], *sorted(changes)])
+    keep_going = hydra_config.mode == RunMode.MULTIRUN
+    record = train(cfg, Path(hydra_config.runtime.output_dir), keep_going=keep_going, row=row)
     return record.get("best_val_acc")
 
 

@@ -23,6 +23,11 @@ TINY = [
 
 
 @pytest.fixture
+def tiny_overrides():
+    return list(TINY)
+
+
+@pytest.fixture
 def run_train(tmp_path):
     """Run ``python -m lra.train`` on the tiny ListOps with data and outputs under ``tmp_path``."""
 

@@ -1,6 +1,10 @@
 """``python -m lra.train`` end to end, as a user runs it (a subprocess, Hydra command line)."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +83,38 @@ def test_unknown_attention_hyperparameter_is_a_clear_error(tmp_path, run_train):
     assert process.returncode != 0
     assert "unknown hyperparameter(s) ['dropuot']" in process.stderr
     assert "dropout: float = 0.1" in process.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path, run_train):
+    # The second cell's evaluation interval exceeds its training length: an error inside the run.
+    run_train("task.protocol.val_check_interval=3,100", flags=["-m"])
+    records = {r["protocol"]["val_check_interval"]: r for r in map(json.loads, map(Path.read_text, results_files(tmp_path)))}
+    assert records[3]["status"] == "finished"
+    assert records[100]["status"] == "failed" and "val_check_interval=100 exceeds max_steps=6" in records[100]["error"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_overrides):
+    overrides = [*tiny_overrides, "task.protocol.max_steps=400", "task.protocol.val_check_interval=5"]
+    env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+    process = subprocess.Popen([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "outputs").rglob("last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.kill()  # a crash: no chance to clean up
+    process.wait()
+    (path,) = results_files(tmp_path)
+    assert json.loads(path.read_text())["status"] == "running"
+
+    resumed = subprocess.run([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming the interrupted run" in resumed.stdout + resumed.stderr
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["steps"] == 400
+    assert record["resumed_from"].endswith("last.ckpt")
+    # The evaluations before the interruption still count: one every 5 steps, 80 in all.
+    metrics = (path.parent / "metrics" / "metrics.csv").read_text()
+    assert record["best_val_step"] % 5 == 0 and "val/acc" in metrics
