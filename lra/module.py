@@ -52,7 +52,8 @@ class LRAClassificationModule(pl.LightningModule):
         loss = F.cross_entropy(logits.float(), batch["label"])
         accuracy(logits, batch["label"])
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True)
+        # Epoch-level values are averaged over the processes of a distributed run.
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
         self.log(f"{stage}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
         return loss
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -59,6 +61,9 @@ OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
 # validation batches (each evaluation sees a fresh random subset, like the original dev stream).
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
+# Under DDP the best checkpoint is tested by a fresh single-process Trainer that does not need the
+# training callbacks.
+warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint need to be provided.*")
 
 
 def defining_config(cfg: DictConfig) -> dict[str, Any]:
@@ -94,6 +99,26 @@ def build_module(cfg: DictConfig) -> LRAClassificationModule:
     )
 
 
+def is_rank_zero() -> bool:
+    """Whether this process is rank 0 of a distributed run (or not distributed): only it writes
+    ``results.json``. Read from the launchers' environment, since it is needed before the Trainer
+    exists (Lightning's own launcher sets LOCAL_RANK / NODE_RANK, torchrun RANK, srun SLURM_PROCID)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ.get("SLURM_PROCID", "0")) == 0
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def processes(trainer_cfg: DictConfig) -> int:
+    """How many training processes the trainer config asks for (devices x nodes)."""
+    devices = trainer_cfg.devices
+    if isinstance(devices, str) or (isinstance(devices, int) and devices < 1):
+        raise ValueError(f"trainer.devices must be a device count or a list of devices, got {devices!r}")
+    per_node = devices if isinstance(devices, int) else len(devices)
+    return per_node * trainer_cfg.get("num_nodes", 1)
+
+
 def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
     """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record."""
     protocol = cfg.task.protocol
@@ -102,12 +127,18 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = N
             f"val_check_interval={protocol.val_check_interval} exceeds max_steps={protocol.max_steps}: "
             "the run would never evaluate and have no best checkpoint to test"
         )
+    world_size = processes(cfg.trainer)
+    if protocol.batch_size % world_size:
+        raise ValueError(
+            f"batch_size={protocol.batch_size} does not divide over {world_size} processes; "
+            "the protocol's batch is the total over all devices"
+        )
     pl.seed_everything(cfg.seed, workers=True)
     datamodule = LRADataModule(
         task=cfg.task.name,
         seq_len=cfg.task.seq_len,
         data=OmegaConf.to_container(cfg.task.data, resolve=True),
-        batch_size=protocol.batch_size,
+        batch_size=protocol.batch_size // world_size,
         num_workers=cfg.trainer.num_workers,
         seed=cfg.seed,
     )
@@ -124,11 +155,13 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = N
     trainer = pl.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.get("num_nodes", 1),
+        strategy=cfg.trainer.get("strategy", "auto"),
         precision=cfg.trainer.precision,
         max_steps=protocol.max_steps,
         val_check_interval=protocol.val_check_interval,
         check_val_every_n_epoch=None,
-        limit_val_batches=protocol.limit_val_batches,
+        limit_val_batches=math.ceil(protocol.limit_val_batches / world_size),
         callbacks=[checkpoint, LearningRateMonitor(logging_interval="step")],
         logger=CSVLogger(output_dir, name="", version="metrics"),
         log_every_n_steps=min(50, protocol.val_check_interval),
@@ -139,8 +172,18 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = N
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
     best_val_step, best_val_acc = max(module.validation_history, key=lambda entry: entry[1])
+    device, steps = trainer.strategy.root_device, trainer.global_step
+    if trainer.world_size > 1:
+        # The test runs once, on rank 0 alone: a distributed sampler would pad the test set with
+        # repeated samples. The other ranks are done.
+        if trainer.global_rank != 0:
+            return {}
+        torch.distributed.destroy_process_group()
+        trainer = pl.Trainer(
+            accelerator=cfg.trainer.accelerator, devices=[device.index] if device.type == "cuda" else 1,
+            precision=cfg.trainer.precision, logger=False, enable_progress_bar=cfg.trainer.progress_bar,
+        )
     test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path)[0]
-    device = trainer.strategy.root_device
     peak_memory, peak_memory_kind = results.peak_memory_mb(device)
     return {
         "data_source": datamodule.task_data.data_source,
@@ -148,7 +191,8 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = N
         "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
         "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
         "num_parameters": sum(p.numel() for p in module.model.parameters()),
-        "steps": trainer.global_step,
+        "steps": steps,
+        "processes": world_size,
         "best_val_acc": best_val_acc,
         "best_val_step": best_val_step,
         "test_acc": test_metrics["test/acc"],
@@ -202,7 +246,9 @@ def train(cfg: DictConfig, output_dir: Path, keep_going: bool = False, row: str 
     }
     if resume_from:
         record["resumed_from"] = str(resume_from)
-    results.write(results_path, record)
+    writer = is_rank_zero()
+    if writer:
+        results.write(results_path, record)
     start = time.perf_counter()
     try:
         record.update(fit_and_test(cfg, output_dir, resume_from))
@@ -218,7 +264,10 @@ def train(cfg: DictConfig, output_dir: Path, keep_going: bool = False, row: str 
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
-        results.write(results_path, record)
+        if writer:
+            results.write(results_path, record)
+    if not writer:
+        return record
     log.info(
         "%s / %s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
         record["task"], record["attention"], record["best_val_acc"], record["best_val_step"], record["test_acc"],

@@ -118,3 +118,22 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
     # The evaluations before the interruption still count: one every 5 steps, 80 in all.
     metrics = (path.parent / "metrics" / "metrics.csv").read_text()
     assert record["best_val_step"] % 5 == 0 and "val/acc" in metrics
+
+
+@pytest.mark.slow
+def test_ddp_with_two_cpu_processes(tmp_path, run_train):
+    run_train("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+              "trainer.num_workers=0")
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["processes"] == 2 and record["steps"] == 6
+    # Tested once on rank 0 over the whole test set: 24 samples, no padding repeats.
+    assert round(record["test_acc"] * 24, 6).is_integer()
+
+
+@pytest.mark.slow
+def test_joblib_sweep_runs_cells_in_parallel_processes(tmp_path, run_train):
+    run_train("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention=softmax,none", flags=["-m"])
+    records = [json.loads(p.read_text()) for p in results_files(tmp_path)]
+    assert sorted(r["attention"] for r in records) == ["none", "softmax"]
+    assert all(r["status"] == "finished" for r in records)
