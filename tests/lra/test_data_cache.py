@@ -199,3 +199,19 @@ def test_cli_generate_prepare_and_info(tmp_path):
 def test_cli_prepare_names_a_missing_source(tmp_path):
     process = run_data_cli("prepare", "listops", "--source", tmp_path / "nowhere", cwd=tmp_path, check=False)
     assert process.returncode != 0 and "nowhere is not a folder" in process.stderr
+
+
+def test_pathfinder_is_generated_read_and_cached_on_first_use(tmp_path):
+    data = {
+        "source": "auto", "source_dir": str(tmp_path / "no_release"), "cache_dir": str(tmp_path / "cache"),
+        "max_length": 1024, "options": {"split_seed": 0}, "generated_dir": str(tmp_path / "generated"),
+        "generator": {"resolution": 32, "contour_length": 14, "num_samples": 30, "seed": 4},
+    }
+    task = load_task("pathfinder", 1024, data)
+    assert task.data_source == "generated"
+    assert [len(task.splits[s]) for s in ("train", "val", "test")] == [24, 3, 3]
+    sample = task.splits["train"][0]
+    assert sample["input_ids"].shape == (1024,) and 0 <= sample["input_ids"].max() <= 255
+    assert (sample["input_ids"] == 0).float().mean() > 0.5  # mostly background: padding by the protocol
+    (generated,) = (tmp_path / "generated").iterdir()
+    assert task.manifest["source"]["path"] == str(generated)
