@@ -215,3 +215,12 @@ def test_pathfinder_is_generated_read_and_cached_on_first_use(tmp_path):
     assert (sample["input_ids"] == 0).float().mean() > 0.5  # mostly background: padding by the protocol
     (generated,) = (tmp_path / "generated").iterdir()
     assert task.manifest["source"]["path"] == str(generated)
+
+
+def test_cli_generate_pathfinder_writes_the_official_layout_that_prepare_reads(tmp_path):
+    out = tmp_path / "pathfinder32"
+    run_data_cli("generate", "pathfinder", "--out", out, "--num-samples", 20, "--seed", 3, "--workers", 1, cwd=tmp_path)
+    assert sorted(p.name for p in (out / "imgs" / "0").iterdir())[:2] == ["sample_0.png", "sample_1.png"]
+    assert len((out / "metadata" / "0.npy").read_text().splitlines()) == 20
+    prepared = run_data_cli("prepare", "pathfinder", "--source", out, cwd=tmp_path).stdout
+    assert "Prepared pathfinder (train 16, val 2, test 2)" in prepared
