@@ -172,7 +172,8 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = N
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
     best_val_step, best_val_acc = max(module.validation_history, key=lambda entry: entry[1])
-    device, steps = trainer.strategy.root_device, trainer.global_step
+    # What actually ran (the strategy may differ from what the config asked for).
+    device, steps, world_size = trainer.strategy.root_device, trainer.global_step, trainer.world_size
     if trainer.world_size > 1:
         # The test runs once, on rank 0 alone: a distributed sampler would pad the test set with
         # repeated samples. The other ranks are done.

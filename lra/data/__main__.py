@@ -101,8 +101,7 @@ def generate_listops(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {args.out} already holds basic_*.tsv files; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"Generating ListOps ({config.total} samples, seed {config.seed}) into {args.out}", flush=True)
-    for split, rows in listops.generate(config).items():
-        listops.write_tsv(listops.split_path(args.out, split), rows)
+    listops.write_splits(args.out, listops.generate(config))
     print(f"wrote {', '.join(str(listops.split_path(args.out, s)) for s in listops.SPLITS)}")
 
 

@@ -151,6 +151,12 @@ def write_tsv(path: Path, rows: list[tuple[str, int]]) -> None:
         writer.writerows(rows)
 
 
+def write_splits(folder: Path, splits: dict[str, list[tuple[str, int]]]) -> None:
+    """Write the official ``basic_{train,val,test}.tsv`` files of ``splits`` into ``folder``."""
+    for split, rows in splits.items():
+        write_tsv(split_path(folder, split), rows)
+
+
 def generated_folder(cache_dir: Path, config: GeneratorConfig) -> Path:
     """The cache folder of one generator configuration (every parameter is in the name)."""
     c = config
@@ -175,8 +181,7 @@ def ensure_generated(cache_dir: Path, config: GeneratorConfig) -> Path:
     splits = generate(config)
     staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
-        for split, rows in splits.items():
-            write_tsv(split_path(staging, split), rows)
+        write_splits(staging, splits)
         (staging / "generator.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
         try:
             os.rename(staging, folder)

@@ -82,7 +82,7 @@ def missing_source_message(spec: TaskSpec, source_dir: Path) -> str:
     return f"{spec.name} data not found in {source_dir}"
 
 
-def generate(spec: TaskSpec, data: dict[str, Any], log: Callable[[str], None] = print) -> Path:
+def generate(spec: TaskSpec, data: dict[str, Any]) -> Path:
     """Run the task's generator into ``data.generated_dir`` (once) and return the folder."""
     generated_dir = Path(data["generated_dir"])
     if spec.reader == "listops":
@@ -149,7 +149,7 @@ def prepare_task(name: str, data: dict[str, Any], *, force: bool = False, log: C
             cache.verify(resolved.folder, cache.read_manifest(resolved.folder), checksums=True)
             return resolved
     else:
-        source_dir = generate(spec, data, log)
+        source_dir = generate(spec, data)
     options = dict(data.get("options") or {})
     cache.prepare(
         resolved.folder, name, resolved.key, source_dir,
