@@ -1,10 +1,10 @@
-"""``python -m lra.bench kernels ...``: run one benchmark (see each module's docstring)."""
+"""``python -m lra.bench kernels|efficiency|approx ...``: run one benchmark (see each module's docstring)."""
 
 import sys
 
-from . import kernels
+from . import approx, efficiency, kernels
 
-BENCHMARKS = {"kernels": kernels.main}
+BENCHMARKS = {"kernels": kernels.main, "efficiency": efficiency.main, "approx": approx.main}
 
 
 def main() -> int:

@@ -1,0 +1,382 @@
+"""Time and peak memory of a training step against sequence length, for every attention.
+
+The YOSO paper's efficiency profile ("Efficiency considerations relative to baselines"): the
+6-layer, width-256, FFN-1024, 4-head encoder (``conf/model/efficiency.yaml``) with a 10-class head,
+a training step (forward, cross-entropy, backward; no optimiser step, as the original script) on
+random tokens without padding, for each sequence length and each attention::
+
+    python -m lra.bench efficiency [--device cpu|cuda] [--lengths 512 1024 ...] [--attentions softmax yoso_32 ...]
+        [--precision 32|bf16-mixed] [--batch N] [--repeats R] [--out results]
+
+Attentions are the rows of Table 3, one per ``conf/attention/<row>.yaml`` preset, plus every
+registered attention no preset uses (with its defaults), so a new attention appears without code
+changes. YOSO's tau is log2 n, as in the paper's profile (its presets leave ``hash_bits`` unset).
+
+Batch: on a GPU, the largest power of two that fits (doubling from 1 until out of memory, capped
+at ``--max-batch-tokens`` tokens), as the original ``profile_seq_len_max_batch.py``; on a CPU, a
+fixed ``--batch``. Time is the median of ``--repeats`` steps after a warm-up step, divided by the
+batch (per instance). Memory is the peak during those steps above what was in use before the model
+was built (weights, gradients, activations, temporaries), divided by the batch: CUDA's
+``max_memory_allocated`` on a GPU, the process's peak resident set (``VmHWM``, reset before each
+cell) on a CPU. A CPU cell runs under an address-space limit (``--memory-limit-mb``, default 90% of
+the memory available at start), so running out of memory is an error recorded in the results, not
+the OS killing the benchmark.
+
+A cell that runs out of memory is recorded as ``out_of_memory`` and the attention's longer lengths
+are skipped (recorded the same way); a cell that fails otherwise is recorded as ``failed`` with its
+error; the grid goes on. Rows go to ``<out>/efficiency_<device type>.csv`` (rewritten after every
+cell, so an interrupted run keeps what it measured) and a log-log figure of time and memory beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import gc
+import math
+import re
+import resource
+import statistics
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from tqdm import tqdm
+
+import attention_zoo
+from lra.model import LRAClassifier, LRAEncoder
+from lra.results import device_name
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+PRESETS = ROOT / "conf" / "attention"
+MODEL_CONFIG = ROOT / "conf" / "model" / "efficiency.yaml"
+VOCAB_SIZE, NUM_CLASSES = 512, 10  # the original profile's
+M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+FIELDS = [
+    "attention", "attention_name", "seq_len", "batch", "time_ms", "time_ms_std", "memory_mb", "status", "error",
+    "device", "torch", "dtype", "threads", "repeats",
+]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of the profile: a Table 3 row (preset) or a registered attention with its defaults."""
+
+    row: str
+    name: str
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+
+def entries(presets_dir: Path = PRESETS) -> list[Entry]:
+    """Every preset in ``presets_dir``, then every registered attention that no preset builds."""
+    found = []
+    for path in sorted(presets_dir.glob("*.yaml")):
+        preset = yaml.safe_load(path.read_text())
+        found.append(Entry(path.stem, preset["name"], preset.get("hparams") or {}))
+    covered = {entry.name for entry in found}
+    found += [Entry(name, name) for name in attention_zoo.available() if name not in covered]
+    return found
+
+
+def build_model(entry: Entry, seq_len: int, model: dict[str, Any]) -> LRAClassifier:
+    encoder = LRAEncoder(
+        VOCAB_SIZE, seq_len, entry.name, entry.hparams, dim=model["dim"], depth=model["depth"],
+        num_heads=model["num_heads"], head_dim=model["head_dim"], ffn_dim=model["ffn_dim"], dropout=model["dropout"],
+        attention_in_fp32=model["attention_in_fp32"],
+    )
+    return LRAClassifier(NUM_CLASSES, encoder, hidden_dim=model["head_hidden_dim"])
+
+
+class MemoryMeter:
+    """Peak memory of a block of work above a baseline: CUDA allocations, or the process's resident set.
+
+    On a CPU the resident set only shows what the allocator holds, so glibc is told to serve every
+    block of 1 MiB or more by ``mmap`` (returned to the OS on free; by default the threshold rises
+    with each such free and large blocks get recycled unseen) and to give back freed memory before
+    the baseline is read.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cpu":
+            _release_freed_cpu_memory()
+        self.baseline = self.current()
+
+    def current(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device) / 2**20
+        return _proc_status_mb("VmRSS")
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:  # "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0)
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_above_baseline(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.baseline
+        return _proc_status_mb("VmHWM") - self.baseline
+
+
+def _glibc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: the resident set is read as it is
+        return None
+
+
+def _release_freed_cpu_memory() -> None:
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, 2**20)
+        libc.malloc_trim(0)
+
+
+def _proc_status_mb(key: str) -> float:
+    try:
+        match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        return math.nan
+    return int(match.group(1)) / 1024 if match else math.nan
+
+
+@contextmanager
+def address_space_limit(limit_mb: float | None):
+    """Cap this process's address space at its current size plus ``limit_mb`` (Linux; no-op elsewhere).
+
+    A CPU allocation beyond the cap fails with a RuntimeError that the grid records, instead of the
+    kernel's OOM killer ending the whole benchmark."""
+    in_use = _proc_status_mb("VmSize")
+    if limit_mb is None or math.isnan(in_use):
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = int((in_use + limit_mb) * 2**20)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in message or "not enough memory" in message)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def training_step(model: LRAClassifier, batch: int, seq_len: int, device: torch.device, precision: str) -> None:
+    tokens = torch.randint(1, VOCAB_SIZE, (batch, seq_len), device=device)  # (b, n), no padding
+    labels = torch.randint(0, NUM_CLASSES, (batch,), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
+    model.zero_grad(set_to_none=True)
+    with autocast:
+        logits = model(tokens)
+    F.cross_entropy(logits.float(), labels).backward()
+
+
+def largest_batch(model, seq_len: int, device: torch.device, precision: str, max_batch: int) -> int:
+    """The largest power-of-two batch (<= max_batch) whose training step fits; 0 if not even 1 fits."""
+    fits = 0
+    batch = 1
+    while batch <= max_batch:
+        try:
+            training_step(model, batch, seq_len, device, precision)
+            synchronize(device)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            break
+        finally:
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        fits, batch = batch, batch * 2
+    return fits
+
+
+def measure_cell(entry: Entry, seq_len: int, args, model_config: dict[str, Any]) -> dict[str, Any]:
+    """Build the model for ``entry`` at ``seq_len`` and time its training step; the CSV row's measured part."""
+    device = torch.device(args.device)
+    meter = MemoryMeter(device)
+    model = build_model(entry, seq_len, model_config).to(device).train()
+    if device.type == "cuda":
+        batch = largest_batch(model, seq_len, device, args.precision, max(1, args.max_batch_tokens // seq_len))
+        if batch == 0:
+            raise torch.OutOfMemoryError(f"a batch of 1 at n={seq_len} does not fit")
+    else:
+        batch = args.batch
+    training_step(model, batch, seq_len, device, args.precision)  # warm-up
+    synchronize(device)
+    meter.reset_peak()
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        training_step(model, batch, seq_len, device, args.precision)
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3 / batch)
+    memory = meter.peak_above_baseline() / batch
+    return {
+        "batch": batch,
+        "time_ms": round(statistics.median(times), 4),
+        "time_ms_std": round(statistics.stdev(times), 4) if len(times) > 1 else 0.0,
+        "memory_mb": round(memory, 3),
+    }
+
+
+def run_grid(args) -> list[dict[str, Any]]:
+    device = torch.device(args.device)
+    model_config = yaml.safe_load(MODEL_CONFIG.read_text())
+    selected = entries(args.presets)
+    if args.attentions:
+        known = {entry.row for entry in selected}
+        unknown = sorted(set(args.attentions) - known)
+        if unknown:
+            raise SystemExit(f"unknown attention(s) {unknown}; available: {', '.join(sorted(known))}")
+        selected = [entry for entry in selected if entry.row in args.attentions]
+    common = {
+        "device": device_name(device), "torch": torch.__version__,
+        "dtype": "bfloat16 autocast (attention in float32)" if args.precision == "bf16-mixed" else "float32",
+        "threads": torch.get_num_threads() if device.type == "cpu" else "", "repeats": args.repeats,
+    }
+    path = args.out / f"efficiency_{device.type}.csv"
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    grid = [(entry, n) for entry in selected for n in sorted(args.lengths)]
+    out_of_memory_at: dict[str, int] = {}
+    progress = tqdm(grid, desc="efficiency", unit="cell", disable=args.quiet)
+    for entry, seq_len in progress:
+        progress.set_postfix_str(f"{entry.row} n={seq_len}")
+        row = {"attention": entry.row, "attention_name": entry.name, "seq_len": seq_len, "batch": "",
+               "time_ms": math.nan, "time_ms_std": math.nan, "memory_mb": math.nan, "status": "ok", "error": "", **common}
+        if entry.row in out_of_memory_at:
+            row.update(status="out_of_memory", error=f"skipped: out of memory at n={out_of_memory_at[entry.row]}")
+        else:
+            limit = args.memory_limit_mb if device.type == "cpu" else None
+            try:
+                with address_space_limit(limit):
+                    row.update(measure_cell(entry, seq_len, args, model_config))
+            except Exception as error:
+                oom = is_out_of_memory(error)
+                row.update(status="out_of_memory" if oom else "failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
+                if oom:
+                    out_of_memory_at[entry.row] = seq_len
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        rows.append(row)
+        if not args.quiet:
+            progress.write(
+                f"{entry.row:<16} n={seq_len:<6} batch={row['batch']!s:<5} {row['time_ms']:10.3f} ms/inst "
+                f"{row['memory_mb']:10.2f} MB/inst {row['status']} {row['error']}"
+            )
+        write_csv(rows, path)
+    plot(rows, path.with_suffix(".png"), f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
+         + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    partial = path.with_suffix(".csv.partial")
+    with open(partial, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    partial.replace(path)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(13, 5))
+    for attention in dict.fromkeys(row["attention"] for row in rows):
+        measured = [row for row in rows if row["attention"] == attention and row["status"] == "ok"]
+        if not measured:
+            continue
+        lengths = [row["seq_len"] for row in measured]
+        style = {"marker": "o", "linestyle": "--" if attention == "none" else "-", "label": attention}
+        time_axis.plot(lengths, [row["time_ms"] for row in measured], **style)
+        memory_axis.plot(lengths, [row["memory_mb"] for row in measured], **style)
+    for axis, label in ((time_axis, "time per instance (ms)"), (memory_axis, "peak memory per instance (MB)")):
+        axis.set(xscale="log", yscale="log", xlabel="sequence length", ylabel=label)
+        axis.set_xscale("log", base=2)
+        axis.grid(True, which="both", alpha=0.3)
+    memory_axis.legend(fontsize=7, loc="upper left")
+    figure.suptitle(f"Training step (forward + backward), 6 layers, width 256\n{title}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def available_memory_mb() -> float:
+    return _proc_meminfo_mb("MemAvailable")
+
+
+def _proc_meminfo_mb(key: str) -> float:
+    try:
+        match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+    except OSError:
+        return math.nan
+    return int(match.group(1)) / 1024 if match else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lra.bench efficiency", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)")
+    parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
+    parser.add_argument("--list", action="store_true", help="print the attentions the grid would run and exit")
+    parser.add_argument("--precision", choices=["32", "bf16-mixed"], default=None,
+                        help="default: bf16-mixed on a GPU, 32 on a CPU")
+    parser.add_argument("--batch", type=int, default=1, help="the batch on a CPU (a GPU uses the largest that fits)")
+    parser.add_argument("--max-batch-tokens", type=int, default=2**20, help="GPU: cap on batch x sequence length")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell, after one warm-up step")
+    parser.add_argument("--memory-limit-mb", type=float, default=None,
+                        help="CPU: memory a cell may add (default: 90%% of what is available at start)")
+    parser.add_argument("--presets", type=Path, default=PRESETS, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
+    args = parser.parse_args(argv)
+    if args.list:
+        for entry in entries(args.presets):
+            print(f"{entry.row:<16} {entry.name:<14} {entry.hparams}")
+        return 0
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
+    if args.repeats < 1 or args.batch < 1:
+        parser.error("--repeats and --batch must be >= 1")
+    args.lengths = args.lengths or [2**p for p in range(9, 15 if device.type == "cuda" else 14)]
+    if min(args.lengths) < 1:
+        parser.error(f"--lengths must be positive, got {args.lengths}")
+    args.precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32")
+    if device.type == "cpu" and args.memory_limit_mb is None:
+        args.memory_limit_mb = 0.9 * available_memory_mb()
+    print(f"torch {torch.__version__} on {device_name(device)}, precision {args.precision}, lengths {args.lengths}")
+    run_grid(args)
+    return 0
