@@ -45,7 +45,7 @@ differ), seq_len, num_hashes, hash_bits, mean_angle_rad (over layers, heads, win
 std_angle_rad (population std over those layer x head x window x seed units), zero_row_fraction,
 colliding_angle_rad (the mean angle over the rows that had a collision, which tells the two kinds
 of error apart), layers, heads, samples, seeds, device, torch. ``<out>/approx_error.png`` plots
-the mean angle against n (log x), one line per m. The summary printed per m gives, for the mean
+the mean angle, the colliding rows' angle and the zero-row fraction against n (log x), one line per m. The summary printed per m gives, for the mean
 angle and for the colliding rows' angle, the least-squares slope on log2 n (radians per doubling
 of n) and the growth angle(n_max)/angle(n_min) beside n_max/n_min, and the zero-row fractions at
 both ends.
@@ -370,15 +370,21 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 5))
-    for m in sorted({row["num_hashes"] for row in rows}):
-        points = sorted((row["seq_len"], row["mean_angle_rad"]) for row in rows if row["num_hashes"] == m)
-        axis.plot(*zip(*points), marker="o", label=f"YOSO-{m}")
-    axis.set_xscale("log", base=2)
-    axis.set(xlabel="sequence length n", ylabel="mean angle to YOSO-E (radians)")
-    axis.set_title(textwrap.fill(title, width=90, replace_whitespace=False), fontsize=8)
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+    panels = (
+        ("mean_angle_rad", "mean angle to YOSO-E (radians), all rows"),
+        ("colliding_angle_rad", "mean angle (radians), rows with a collision"),
+        ("zero_row_fraction", "rows whose query collided with no key"),
+    )
+    figure, axes = plt.subplots(1, len(panels), figsize=(15, 4.8))
+    for axis, (column, label) in zip(axes, panels):
+        for m in sorted({row["num_hashes"] for row in rows}):
+            points = sorted((row["seq_len"], row[column]) for row in rows if row["num_hashes"] == m)
+            axis.plot(*zip(*points), marker="o", label=f"YOSO-{m}")
+        axis.set_xscale("log", base=2)
+        axis.set(xlabel="sequence length n", ylabel=label)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    figure.suptitle(textwrap.fill(title, width=150, replace_whitespace=False), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
