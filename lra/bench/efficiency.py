@@ -313,12 +313,14 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(13, 5))
-    for attention in dict.fromkeys(row["attention"] for row in rows):
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the default cycle repeats after 10 lines
+    for index, attention in enumerate(dict.fromkeys(row["attention"] for row in rows)):
         measured = [row for row in rows if row["attention"] == attention and row["status"] == "ok"]
         if not measured:
             continue
         lengths = [row["seq_len"] for row in measured]
-        style = {"marker": "o", "linestyle": "--" if attention == "none" else "-", "label": attention}
+        style = {"marker": "o", "linestyle": "--" if attention == "none" else "-", "label": attention,
+                 "color": colors[(2 * index) % 20 + (2 * index) // 20 % 2]}
         time_axis.plot(lengths, [row["time_ms"] for row in measured], **style)
         memory_axis.plot(lengths, [row["memory_mb"] for row in measured], **style)
     for axis, label in ((time_axis, "time per instance (ms)"), (memory_axis, "peak memory per instance (MB)")):
