@@ -51,6 +51,7 @@ from tqdm import tqdm
 
 import attention_zoo
 from lra.model import LRAClassifier, LRAEncoder
+from lra.bench.kernels import synchronize
 from lra.results import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,8 +146,13 @@ def _release_freed_cpu_memory() -> None:
 
 
 def _proc_status_mb(key: str) -> float:
+    return _proc_value_mb(Path("/proc/self/status"), key)
+
+
+def _proc_value_mb(path: Path, key: str) -> float:
+    """A ``<key>: <n> kB`` line of a /proc file, in MB; NaN where there is no /proc (not Linux)."""
     try:
-        match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+        match = re.search(rf"^{key}:\s+(\d+) kB", path.read_text(), re.MULTILINE)
     except OSError:
         return math.nan
     return int(match.group(1)) / 1024 if match else math.nan
@@ -178,11 +184,6 @@ def is_out_of_memory(error: BaseException) -> bool:
         return True
     message = str(error).lower()
     return isinstance(error, RuntimeError) and ("can't allocate memory" in message or "not enough memory" in message)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def training_step(model: LRAClassifier, batch: int, seq_len: int, device: torch.device, precision: str) -> None:
@@ -335,15 +336,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def available_memory_mb() -> float:
-    return _proc_meminfo_mb("MemAvailable")
-
-
-def _proc_meminfo_mb(key: str) -> float:
-    try:
-        match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
-    except OSError:
-        return math.nan
-    return int(match.group(1)) / 1024 if match else math.nan
+    return _proc_value_mb(Path("/proc/meminfo"), "MemAvailable")
 
 
 def main(argv: list[str] | None = None) -> int:
