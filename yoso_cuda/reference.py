@@ -23,7 +23,8 @@ and the collided-pair gradient enumerates colliding pairs in bounded chunks.
   ``x_ij = qv_i . kv_j``, U(i) the real keys colliding with query i in at least one hash (each
   counted once), ``f(x) = (1 - arccos(x)/pi)^tau`` and ``s = 0.99`` keeping f' finite.
 
-Masked (padded) keys never enter a bucket and masked queries get zero rows.
+Masked (padded) keys never enter a bucket and masked queries get zero rows. A code outside
+``[0, 2^hash_bits)`` is an error, as in the compiled kernels.
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ def gaussian_hash_codes(vectors: torch.Tensor, projections: torch.Tensor, num_ha
     return pack_bits(bits.view(batch, length, num_hashes, hash_bits))
 
 
+def check_codes_in_range(query_codes: torch.Tensor, key_codes: torch.Tensor, hash_bits: int) -> None:
+    """Reject a code outside [0, 2^hash_bits), in the words of the compiled kernels (csrc/checks.h)."""
+    for name, codes in (("query_codes", query_codes), ("key_codes", key_codes)):
+        if bool(((codes >> hash_bits) != 0).any()):  # negative codes too: >> keeps their sign bits
+            raise ValueError(f"{name} holds hash codes outside [0, 2^{hash_bits}): codes must come from hash_codes with the same hash_bits")
+
+
 def _bucket_ids(codes: torch.Tensor, hash_bits: int) -> torch.Tensor:
     """Codes ``(B, n)`` of one hash -> int64 ids unique per (batch row, code)."""
     rows = torch.arange(codes.shape[0], device=codes.device, dtype=torch.int64)[:, None]
@@ -124,6 +132,7 @@ def lsh_cumulation(
     hash_bits: int,
 ) -> torch.Tensor:
     """``(1/m) sum_h sum_j [q_h(i) = k_h(j)] v_j``: codes ``(B, n, m)``, masks ``(B, n)`` bool, values ``(B, nk, c)``."""
+    check_codes_in_range(query_codes, key_codes, hash_bits)
     num_hashes = query_codes.shape[-1]
     values = values.float()
     out = values.new_zeros(query_codes.shape[0], query_codes.shape[1], values.shape[-1])
@@ -149,6 +158,7 @@ def lsh_weighted_cumulation(
     ``kw_j v_j^T`` (w x c) that each colliding query contracts with its weights, the paper's
     "d runs of LSH-based Bernoulli sampling" in one pass (cost ~ n * w * c, whatever the buckets).
     """
+    check_codes_in_range(query_codes, key_codes, hash_bits)
     batch, num_queries, width = query_weights.shape
     num_keys, channels = values.shape[1], values.shape[2]
     query_weights, key_weights, values = query_weights.float(), key_weights.float(), values.float()
@@ -247,6 +257,7 @@ def lsh_collided_gradient(
     pairs are materialised in chunks of queries of at most ``MAX_PAIRS_PER_CHUNK`` pairs, so memory is
     linear in n; time is proportional to the number of colliding pairs.
     """
+    check_codes_in_range(query_codes, key_codes, hash_bits)
     batch, num_queries, _ = query_vectors.shape
     flat = lambda t: t.float().reshape(-1, t.shape[-1])  # noqa: E731  (B, n, c) -> (B * n, c)
     qv, kv, qw, kw = flat(query_vectors), flat(key_vectors), flat(query_weights), flat(key_weights)

@@ -127,13 +127,13 @@ def test_kernels_are_deterministic(device):
 def test_bad_inputs_are_clear_errors(device):
     require(device)
     c = case(10, 16, 4, torch.float32, device)
-    with pytest.raises(RuntimeError, match="hash_bits must be in"):
+    with pytest.raises(ValueError, match="hash_bits must be in"):
         torch.ops.yoso.lsh_cumulation(c["query_codes"], c["mask"], c["key_codes"], c["mask"], c["values"], 31)
-    with pytest.raises(RuntimeError, match="int32"):
+    with pytest.raises(ValueError, match="int32"):
         torch.ops.yoso.lsh_cumulation(c["query_codes"].long(), c["mask"], c["key_codes"], c["mask"], c["values"], 4)
-    with pytest.raises(RuntimeError, match="bool"):
+    with pytest.raises(ValueError, match="bool"):
         torch.ops.yoso.lsh_cumulation(c["query_codes"], c["mask"].float(), c["key_codes"], c["mask"], c["values"], 4)
-    with pytest.raises(RuntimeError, match="signs hold"):
+    with pytest.raises(ValueError, match="signs hold"):
         torch.ops.yoso.hash_codes(c["queries"], c["signs"], 1000, 4)
 
 

@@ -2,7 +2,7 @@
 //
 // The semantics are those of yoso_cuda/reference.py, the oracle the tests compare against:
 // B folds batch and heads, n is the sequence length, m the number of hashes, tau the bits of a
-// hash code (codes are int32 in [0, 2^tau)), masks are bool (true = real token). Padded keys
+// hash code (codes are int32 in [0, 2^tau); a code outside is an error), masks are bool (true = real token). Padded keys
 // never contribute and padded queries get zero rows. Inputs may be float32, float16 or bfloat16;
 // everything accumulates and returns in float32.
 //
@@ -15,6 +15,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,54 +26,26 @@
 
 namespace yoso {
 
-constexpr int64_t kMaxHashBits = 30;
 constexpr float kDerivativeShrink = 0.99f;  // f' is evaluated at 0.99 x so 1/sqrt(1 - x^2) stays <= 7.1
 constexpr double kPi = 3.14159265358979323846;
 
 namespace {
 
-void check_codes(const at::Tensor& codes, const char* name) {
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kInt, name,
-              " must be an int32 tensor of shape (B, n, num_hashes), got ", codes.scalar_type(), " ",
-              codes.sizes());
-}
-
-void check_mask(const at::Tensor& mask, const at::Tensor& codes, const char* name) {
-  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == codes.size(0) &&
-                  mask.size(1) == codes.size(1),
-              name, " must be a bool tensor of shape (B, n) = ", codes.sizes().slice(0, 2), ", got ",
-              mask.scalar_type(), " ", mask.sizes());
-}
-
-void check_rows(const at::Tensor& tensor, const at::Tensor& codes, const char* name) {
-  TORCH_CHECK(tensor.dim() == 3 && tensor.size(0) == codes.size(0) && tensor.size(1) == codes.size(1), name,
-              " must have shape (B, n, channels) with (B, n) = ", codes.sizes().slice(0, 2), ", got ",
-              tensor.sizes());
-  TORCH_CHECK(at::isFloatingType(tensor.scalar_type()), name, " must be float32, float16 or bfloat16, got ",
-              tensor.scalar_type());
-}
-
-void check_hash_bits(int64_t hash_bits) {
-  TORCH_CHECK(hash_bits >= 1 && hash_bits <= kMaxHashBits, "hash_bits must be in [1, ", kMaxHashBits,
-              "] (int32 codes), got ", hash_bits);
-}
-
-void check_same_hashes(const at::Tensor& query_codes, const at::Tensor& key_codes) {
-  TORCH_CHECK(query_codes.size(0) == key_codes.size(0) && query_codes.size(2) == key_codes.size(2),
-              "query_codes and key_codes must share B and num_hashes, got ", query_codes.sizes(), " and ",
-              key_codes.sizes());
-}
-
-// The arguments every cumulation shares: int32 codes of queries and keys with the same B and
-// number of hashes, bool masks matching them, and a supported hash_bits.
-void check_codes_and_masks(const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& key_codes,
-                           const at::Tensor& key_mask, int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  check_codes(query_codes, "query_codes");
-  check_codes(key_codes, "key_codes");
-  check_same_hashes(query_codes, key_codes);
-  check_mask(query_mask, query_codes, "query_mask");
-  check_mask(key_mask, key_codes, "key_mask");
+// `codes` made contiguous, after rejecting a code outside [0, 2^hash_bits): the buckets below are
+// indexed by code.
+at::Tensor checked_codes(const at::Tensor& codes_in, const char* name, int64_t hash_bits) {
+  at::Tensor codes = codes_in.contiguous();
+  const int32_t* data = codes.data_ptr<int32_t>();
+  const int64_t count = codes.numel();
+  const bool in_range = at::parallel_reduce(
+      0, count, 1 << 16, true,
+      [&](int64_t begin, int64_t end, bool ok) {
+        for (int64_t i = begin; i < end && ok; ++i) ok = (static_cast<uint32_t>(data[i]) >> hash_bits) == 0u;
+        return ok;
+      },
+      [](bool a, bool b) { return a && b; });
+  TORCH_CHECK_VALUE(in_range, codes_out_of_range(name, hash_bits));
+  return codes;
 }
 
 at::Tensor as_float(const at::Tensor& tensor) { return tensor.to(at::kFloat).contiguous(); }
@@ -185,18 +159,9 @@ void hadamard_transform_lanes(float* x, int64_t size) {
 }  // namespace
 
 at::Tensor hash_codes_cpu(const at::Tensor& vectors, const at::Tensor& signs, int64_t num_hashes, int64_t hash_bits) {
-  check_hash_bits(hash_bits);
-  TORCH_CHECK(vectors.dim() == 3 && at::isFloatingType(vectors.scalar_type()),
-              "vectors must be a float tensor (B, n, d), got ", vectors.scalar_type(), " ", vectors.sizes());
-  TORCH_CHECK(signs.dim() == 4 && signs.size(0) == vectors.size(0) && signs.size(1) == 3 &&
-                  signs.scalar_type() == at::kFloat,
-              "signs must be float32 (B, 3, rotations, width), got ", signs.scalar_type(), " ", signs.sizes());
+  check_hash_codes_args(vectors, signs, num_hashes, hash_bits);
   const int64_t batch = vectors.size(0), length = vectors.size(1), dim = vectors.size(2);
   const int64_t rotations = signs.size(2), width = signs.size(3), per_rotation = width / hash_bits;
-  TORCH_CHECK(width >= dim && width >= hash_bits && (width & (width - 1)) == 0,
-              "signs' width must be a power of two >= max(d, hash_bits) = ", std::max(dim, hash_bits), ", got ", width);
-  TORCH_CHECK(num_hashes >= 1 && rotations * per_rotation >= num_hashes, "signs hold ", rotations * per_rotation,
-              " hashes of ", hash_bits, " bits, ", num_hashes, " requested");
   const at::Tensor x_all = as_float(vectors);
   const at::Tensor s_all = signs.contiguous();
   at::Tensor out = at::empty({batch, length, num_hashes}, vectors.options().dtype(at::kInt));
@@ -249,7 +214,8 @@ at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& q
   check_rows(values, key_codes, "values");
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), channels = values.size(2);
-  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
+  const at::Tensor k_codes = checked_codes(key_codes, "key_codes", hash_bits);
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous(), v = as_float(values);
   at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
   const bool dense = uses_dense_table(hash_bits, num_keys);
@@ -305,11 +271,11 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
   check_rows(query_weights, query_codes, "query_weights");
   check_rows(key_weights, key_codes, "key_weights");
   check_rows(values, key_codes, "values");
-  TORCH_CHECK(query_weights.size(2) == key_weights.size(2), "query_weights and key_weights must have the same width, got ",
-              query_weights.size(2), " and ", key_weights.size(2));
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2), channels = values.size(2);
-  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
+  const at::Tensor k_codes = checked_codes(key_codes, "key_codes", hash_bits);
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
   const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights), v = as_float(values);
   at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
@@ -383,12 +349,12 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cpu(
   check_rows(query_values, query_codes, "query_values");
   check_rows(key_weights, key_codes, "key_weights");
   check_rows(key_values, key_codes, "key_values");
-  TORCH_CHECK(query_weights.size(2) == key_weights.size(2), "query_weights and key_weights must have the same width, got ",
-              query_weights.size(2), " and ", key_weights.size(2));
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2);
   const int64_t query_channels = query_values.size(2), key_channels = key_values.size(2);
-  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
+  const at::Tensor k_codes = checked_codes(key_codes, "key_codes", hash_bits);
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
   const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights);
   const at::Tensor qv = as_float(query_values), kv = as_float(key_values);
@@ -464,11 +430,12 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
   check_rows(query_weights, query_codes, "query_weights");
   check_rows(key_vectors, key_codes, "key_vectors");
   check_rows(key_weights, key_codes, "key_weights");
-  TORCH_CHECK(query_vectors.size(2) == key_vectors.size(2) && query_weights.size(2) == key_weights.size(2),
-              "queries and keys must have the same vector width and the same weight width");
+  check_same_width(query_vectors, key_vectors, "query_vectors", "key_vectors");
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), dim = query_vectors.size(2), width = query_weights.size(2);
-  const at::Tensor q_codes = query_codes.contiguous(), k_codes = key_codes.contiguous();
+  const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
+  const at::Tensor k_codes = checked_codes(key_codes, "key_codes", hash_bits);
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
   const at::Tensor qv = as_float(query_vectors), kv = as_float(key_vectors);
   const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights);

@@ -1,11 +1,13 @@
-// CUDA kernels of the yoso ops (schemas and CPU kernels in ../yoso.cpp, semantics in
-// yoso_cuda/reference.py).
+// CUDA kernels of the yoso ops (schemas and CPU kernels in ../yoso.cpp, argument checks shared
+// with them in ../checks.h, semantics in yoso_cuda/reference.py).
 //
 // Every op here is deterministic: no floating-point atomics anywhere, every sum runs in a fixed
 // order, so the same inputs give bitwise-identical outputs run after run, with or without
-// at::globalContext().deterministicAlgorithms(); there is a single path.
+// at::globalContext().deterministicAlgorithms(); there is a single path. CI runs these kernels on
+// the CPU under yoso_cuda/emulator in three schedules and with sanitizers.
 //
-// The three LSH ops share one structure, processed a chunk of hashes at a time (memory linear in n):
+// The LSH ops share one structure, processed a chunk of hashes at a time (memory linear in n):
+//   0. a code outside [0, 2^tau) is rejected (one host synchronisation per op);
 //   1. per (batch row b, hash h) a segment of nk sort keys ((segment << (tau + 1)) | code), padded
 //      keys carrying bit tau so that they sort last in their segment and match no query;
 //   2. one stable CUB radix sort of all segments of the chunk (keys ascending, key index as value):
@@ -14,8 +16,9 @@
 //      output row, adding the hashes' contributions in hash order.
 // lsh_cumulation pre-sums each bucket in pieces of at most kPiece sorted keys; lsh_weighted_cumulation
 // enumerates colliding pairs in light buckets and contracts the query weights with a per-bucket
-// sum of kw (x) v outer products in heavy ones; lsh_collided_gradient enumerates pairs, keeping a
-// pair only in the first hash where it collides.
+// sum of kw (x) v outer products in heavy ones; lsh_weighted_cumulation_both sorts the keys and the
+// queries in one sort and runs that for each side; lsh_collided_gradient enumerates pairs, keeping
+// a pair only in the first hash where it collides.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,11 +27,17 @@
 #include <c10/cuda/CUDAStream.h>  // at::cuda::getCurrentCUDAStream, without ATen/cuda/CUDAContext.h's cuBLAS/cuSPARSE headers
 #include <torch/library.h>
 
+#include "../checks.h"
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 namespace yoso {
 namespace {
@@ -45,8 +54,7 @@ constexpr int kPiece = 64;                       // sorted keys per partial buck
 constexpr int kHeavyMin = 32;                    // buckets of at most this many keys are always enumerated
 constexpr int kTableOutputs = 4 * kBlock;        // outer-product table entries per block (4 per thread)
 constexpr int kMaxWidth = 8192;                  // largest Hadamard width (shared memory of one block)
-constexpr int kMaxHashBits = 30;
-constexpr int64_t kChunkBudgetBytes = int64_t(256) << 20;  // scratch of one chunk of hashes
+constexpr int64_t kDefaultChunkBytes = int64_t(256) << 20;  // scratch of one chunk of hashes
 constexpr float kShrink = 0.99f;  // f' evaluated at 0.99 x, as reference.DERIVATIVE_SHRINK
 constexpr float kPi = 3.14159265358979323846f;
 
@@ -171,25 +179,41 @@ __global__ void __launch_bounds__(kBlock) hash_codes_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Launch grids
+
+unsigned warp_grid(int64_t warps) {
+  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many rows for one launch (", warps, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+unsigned thread_grid(int64_t threads) {
+  const int64_t blocks = (threads + kBlock - 1) / kBlock;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many items for one launch (", threads, ")");
+  return static_cast<unsigned>(blocks);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Sorted buckets of one chunk of hashes [h0, h0 + hc)
 
-// Item (segment = b * hc + hl, j): key ((segment << (tau + 1)) | code) for a real key, bit tau
-// instead of the code for a padded one; value j.
+// Item (segment = b * hc + hl, j) of a side whose segments start at segment0: key
+// (((segment0 + segment) << (tau + 1)) | code) for a real row, bit tau instead of the code for a
+// padded one; value j.
 __global__ void __launch_bounds__(kBlock) build_keys_kernel(
-    const int* __restrict__ key_codes, const bool* __restrict__ key_mask, key_t* __restrict__ keys,
-    int* __restrict__ order, int64_t total, int64_t num_keys, int num_hashes, int h0, int hc, int hash_bits) {
+    const int* __restrict__ codes, const bool* __restrict__ mask, key_t* __restrict__ keys, int* __restrict__ order,
+    int64_t total, int64_t length, int num_hashes, int h0, int hc, int hash_bits, int64_t segment0) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= total) {
     return;
   }
-  const int64_t segment = item / num_keys;
-  const int64_t j = item - segment * num_keys;
+  const int64_t segment = item / length;
+  const int64_t j = item - segment * length;
   const int64_t b = segment / hc;
   const int64_t hl = segment - b * hc;
-  const int64_t row = b * num_keys + j;
-  keys[item] = key_mask[row]
-      ? bucket_key(segment, key_codes[row * num_hashes + h0 + hl], hash_bits)
-      : ((static_cast<key_t>(segment) << (hash_bits + 1)) | (static_cast<key_t>(1) << hash_bits));
+  const int64_t row = b * length + j;
+  keys[item] = mask[row]
+      ? bucket_key(segment0 + segment, codes[row * num_hashes + h0 + hl], hash_bits)
+      : ((static_cast<key_t>(segment0 + segment) << (hash_bits + 1)) | (static_cast<key_t>(1) << hash_bits));
   order[item] = static_cast<int>(j);
 }
 
@@ -202,19 +226,34 @@ int bit_width(uint64_t value) {
   return bits;
 }
 
-struct SortedBuckets {
-  at::Tensor keys_a, keys_b, order_a, order_b;  // CUB's double buffers (kept alive)
-  const key_t* keys = nullptr;                  // (B * hc * nk) sorted keys
-  const int* order = nullptr;                   // (B * hc * nk) key index j of each sorted position
+// The rows whose buckets a cumulation looks up: the keys, or for the transposed sum the queries.
+struct Side {
+  at::Tensor codes;  // (B, n, m) int32, contiguous
+  at::Tensor mask;   // (B, n) bool, contiguous
 };
 
-SortedBuckets sort_buckets(const at::Tensor& key_codes, const at::Tensor& key_mask, int64_t batch, int64_t num_keys,
-                           int64_t num_hashes, int64_t h0, int64_t hc, int hash_bits, cudaStream_t stream) {
-  const int64_t segments = batch * hc;
-  const int64_t total = segments * num_keys;
+// One or two sides sorted by one radix sort: side s holds sorted positions [offset[s], offset[s] +
+// B * hc * n_s) and segments [segment0[s], segment0[s] + B * hc); within a segment each occupied
+// bucket is a contiguous range of positions, rows in index order, padded rows last.
+struct SortedBuckets {
+  at::Tensor keys_a, keys_b, order_a, order_b;  // CUB's double buffers (kept alive)
+  const key_t* keys = nullptr;                  // every side's sorted keys
+  const int* order = nullptr;                   // the row index j of each sorted position
+  int64_t offset[2] = {0, 0};
+  int64_t segment0[2] = {0, 0};
+};
+
+SortedBuckets sort_buckets(const Side* sides, int num_sides, int64_t batch, int64_t num_hashes, int64_t h0, int64_t hc,
+                           int hash_bits, cudaStream_t stream) {
   SortedBuckets sorted;
-  const auto long_options = key_codes.options().dtype(at::kLong);
-  const auto int_options = key_codes.options().dtype(at::kInt);
+  int64_t total = 0;
+  for (int s = 0; s < num_sides; ++s) {
+    sorted.offset[s] = total;
+    sorted.segment0[s] = s * batch * hc;
+    total += batch * hc * sides[s].codes.size(1);
+  }
+  const auto long_options = sides[0].codes.options().dtype(at::kLong);
+  const auto int_options = sides[0].codes.options().dtype(at::kInt);
   sorted.keys_a = at::empty({total}, long_options);
   sorted.keys_b = at::empty({total}, long_options);
   sorted.order_a = at::empty({total}, int_options);
@@ -223,18 +262,25 @@ SortedBuckets sort_buckets(const at::Tensor& key_codes, const at::Tensor& key_ma
   key_t* keys_b = reinterpret_cast<key_t*>(sorted.keys_b.data_ptr<int64_t>());
   int* order_a = sorted.order_a.data_ptr<int>();
   int* order_b = sorted.order_b.data_ptr<int>();
+  for (int s = 0; s < num_sides; ++s) {
+    const int64_t length = sides[s].codes.size(1);
+    const int64_t items = batch * hc * length;
+    if (items == 0) {
+      continue;
+    }
+    build_keys_kernel<<<thread_grid(items), kBlock, 0, stream>>>(
+        sides[s].codes.data_ptr<int>(), sides[s].mask.data_ptr<bool>(), keys_a + sorted.offset[s],
+        order_a + sorted.offset[s], items, length, static_cast<int>(num_hashes), static_cast<int>(h0),
+        static_cast<int>(hc), hash_bits, sorted.segment0[s]);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 
-  build_keys_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      key_codes.data_ptr<int>(), key_mask.data_ptr<bool>(), keys_a, order_a, total, num_keys,
-      static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), hash_bits);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-  const int end_bit = hash_bits + 1 + bit_width(static_cast<uint64_t>(segments - 1));
+  const int end_bit = hash_bits + 1 + bit_width(static_cast<uint64_t>(num_sides * batch * hc - 1));
   cub::DoubleBuffer<key_t> key_buffers(keys_a, keys_b);
   cub::DoubleBuffer<int> order_buffers(order_a, order_b);
   size_t temp_bytes = 0;
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, key_buffers, order_buffers, total, 0, end_bit, stream));
-  at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, key_codes.options().dtype(at::kByte));
+  at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, long_options.dtype(at::kByte));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, key_buffers, order_buffers, total, 0,
                                                  end_bit, stream));
   sorted.keys = key_buffers.Current();
@@ -242,11 +288,24 @@ SortedBuckets sort_buckets(const at::Tensor& key_codes, const at::Tensor& key_ma
   return sorted;  // temp is freed to the caching allocator on this stream: safe for later work on it
 }
 
-// Hashes per chunk: as many as fit kChunkBudgetBytes of scratch (at least 1), with fewer than
-// 2^31 sorted items.
-int64_t hashes_per_chunk(int64_t num_hashes, int64_t keys_per_hash, int64_t bytes_per_hash) {
-  int64_t hc = bytes_per_hash > 0 ? kChunkBudgetBytes / bytes_per_hash : num_hashes;
-  hc = std::min(hc, static_cast<int64_t>(std::numeric_limits<int32_t>::max()) / keys_per_hash);
+// Scratch memory of one chunk of hashes: YOSO_CUDA_CHUNK_BYTES bytes if set (tests shrink it to run
+// many chunks), else kDefaultChunkBytes.
+int64_t chunk_budget_bytes() {
+  const char* text = std::getenv("YOSO_CUDA_CHUNK_BYTES");
+  if (text == nullptr || *text == '\0') {
+    return kDefaultChunkBytes;
+  }
+  char* end = nullptr;
+  const long long bytes = std::strtoll(text, &end, 10);
+  TORCH_CHECK_VALUE(*end == '\0' && bytes > 0, "YOSO_CUDA_CHUNK_BYTES must be a positive number of bytes, got '", text, "'");
+  return bytes;
+}
+
+// Hashes per chunk: as many as fit the chunk budget of scratch (at least 1), with fewer than 2^31
+// sorted items.
+int64_t hashes_per_chunk(int64_t num_hashes, int64_t rows_per_hash, int64_t bytes_per_hash) {
+  int64_t hc = bytes_per_hash > 0 ? chunk_budget_bytes() / bytes_per_hash : num_hashes;
+  hc = std::min(hc, static_cast<int64_t>(std::numeric_limits<int32_t>::max()) / std::max<int64_t>(rows_per_hash, 1));
   return std::max<int64_t>(1, std::min(hc, num_hashes));
 }
 
@@ -311,7 +370,7 @@ __global__ void __launch_bounds__(kBlock) bucket_piece_sums_kernel(
 __global__ void __launch_bounds__(kBlock) cumulation_query_kernel(
     const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const key_t* __restrict__ keys,
     const float* __restrict__ partial, float* __restrict__ out, int64_t num_queries_total, int64_t num_queries,
-    int64_t num_keys, int64_t channels, int num_hashes, int h0, int hc, int hash_bits, bool last) {
+    int64_t num_keys, int64_t channels, int num_hashes, int h0, int hc, int hash_bits, int64_t segment0, bool last) {
   const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (query >= num_queries_total || !query_mask[query]) {
@@ -329,7 +388,7 @@ __global__ void __launch_bounds__(kBlock) cumulation_query_kernel(
     for (int hl = 0; hl < hc; ++hl) {
       const int64_t segment = b * hc + hl;
       const int64_t base = segment * num_keys;
-      const key_t key = bucket_key(segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
+      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
       int64_t lo, hi;
       if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
         continue;
@@ -452,7 +511,7 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
     const key_t* __restrict__ keys, const int* __restrict__ order, const scalar_t* __restrict__ key_weights,
     const scalar_t* __restrict__ values, const float* __restrict__ table, float* __restrict__ out,
     int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t width, int64_t channels, int64_t heavy,
-    int64_t slots, int num_hashes, int h0, int hc, int hash_bits, bool last) {
+    int64_t slots, int num_hashes, int h0, int hc, int hash_bits, int64_t segment0, bool last) {
   const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (query >= num_queries_total || !query_mask[query]) {
@@ -481,7 +540,7 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
     for (int hl = 0; hl < hc; ++hl) {
       const int64_t segment = b * hc + hl;
       const int64_t base = segment * num_keys;
-      const key_t key = bucket_key(segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
+      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
       int64_t lo, hi;
       if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
         continue;
@@ -560,7 +619,7 @@ __global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
     const scalar_t* __restrict__ query_weights, const int* __restrict__ key_codes, const key_t* __restrict__ keys,
     const int* __restrict__ order, const scalar_t* __restrict__ key_vectors, const scalar_t* __restrict__ key_weights,
     float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t dim, int64_t width,
-    int num_hashes, int h0, int hc, int hash_bits) {
+    int num_hashes, int h0, int hc, int hash_bits, int64_t segment0) {
   const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (query >= num_queries_total || !query_mask[query]) {
@@ -596,7 +655,7 @@ __global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
       const int h = h0 + hl;
       const int64_t segment = b * hc + hl;
       const int64_t base = segment * num_keys;
-      const key_t key = bucket_key(segment, q_codes[h], hash_bits);
+      const key_t key = bucket_key(segment0 + segment, q_codes[h], hash_bits);
       int64_t lo, hi;
       if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
         continue;
@@ -663,95 +722,126 @@ __global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side: checks and launches
+// Host side: checks and launches (the device-agnostic argument checks are checks.h's, shared with
+// the CPU kernels)
 
-void check_cuda(const at::Tensor& t, const char* name, const at::Device& device) {
-  TORCH_CHECK(t.is_cuda(), "yoso: ", name, " must be a CUDA tensor");
-  TORCH_CHECK(t.device() == device, "yoso: ", name, " is on ", t.device(), ", expected ", device);
+using TensorArg = std::pair<const at::Tensor*, const char*>;
+
+// Every tensor argument on one CUDA device, the first one's.
+void check_device(std::initializer_list<TensorArg> tensors) {
+  const at::Device device = tensors.begin()->first->device();
+  for (const auto& [tensor, name] : tensors) {
+    TORCH_CHECK_VALUE(tensor->is_cuda(), name, " must be a CUDA tensor, got one on ", tensor->device());
+    TORCH_CHECK_VALUE(tensor->device() == device, name, " is on ", tensor->device(), ", the other arguments on ", device);
+  }
 }
 
-void check_float(const at::Tensor& t, const char* name) {
-  const auto type = t.scalar_type();
-  TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16 || type == at::kDouble, "yoso: ", name,
-              " must be float32, float16 or bfloat16, got ", type);
+// The sorted positions and row indices are int32.
+void check_row_count(const at::Tensor& codes, const char* name) {
+  TORCH_CHECK_VALUE(codes.size(0) * codes.size(1) <= std::numeric_limits<int32_t>::max(), "the CUDA kernels take at most ",
+                    "2^31 - 1 rows over all batch rows, ", name, " has ", codes.size(0) * codes.size(1));
 }
 
-void check_hash_bits(int64_t hash_bits) {
-  TORCH_CHECK(hash_bits >= 1 && hash_bits <= kMaxHashBits, "yoso: hash_bits must be in [1, ", kMaxHashBits, "], got ",
-              hash_bits);
+// Sets *flag when a code lies outside [0, 2^hash_bits). Every offending thread stores the same
+// value, so the race between them is harmless.
+__global__ void __launch_bounds__(kBlock) codes_in_range_kernel(const int* __restrict__ codes, int64_t count, int hash_bits,
+                                                                int* __restrict__ flag) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count && (static_cast<unsigned>(codes[i]) >> hash_bits) != 0u) {
+    *flag = 1;
+  }
 }
 
-// Codes (B, n, m) int32 and mask (B, n) bool.
-void check_codes(const at::Tensor& codes, const at::Tensor& mask, const char* codes_name, const char* mask_name,
-                 const at::Device& device) {
-  check_cuda(codes, codes_name, device);
-  check_cuda(mask, mask_name, device);
-  TORCH_CHECK(codes.dim() == 3, "yoso: ", codes_name, " must be (B, n, num_hashes), got ", codes.sizes());
-  TORCH_CHECK(codes.scalar_type() == at::kInt, "yoso: ", codes_name, " must be int32, got ", codes.scalar_type());
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "yoso: ", mask_name, " must be bool, got ", mask.scalar_type());
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == codes.size(0) && mask.size(1) == codes.size(1), "yoso: ", mask_name,
-              " must be (B, n) = (", codes.size(0), ", ", codes.size(1), "), got ", mask.sizes());
+// Rejects a query or key code outside [0, 2^hash_bits), with one host synchronisation for both.
+void check_codes_in_range(const at::Tensor& query_codes, const at::Tensor& key_codes, int hash_bits, cudaStream_t stream) {
+  at::Tensor flags = at::zeros({2}, query_codes.options());
+  const at::Tensor* codes[2] = {&query_codes, &key_codes};
+  for (int s = 0; s < 2; ++s) {
+    if (codes[s]->numel() > 0) {
+      codes_in_range_kernel<<<thread_grid(codes[s]->numel()), kBlock, 0, stream>>>(
+          codes[s]->data_ptr<int>(), codes[s]->numel(), hash_bits, flags.data_ptr<int>() + s);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
+  const at::Tensor found = flags.cpu();
+  TORCH_CHECK_VALUE(found[0].item<int>() == 0, codes_out_of_range("query_codes", hash_bits));
+  TORCH_CHECK_VALUE(found[1].item<int>() == 0, codes_out_of_range("key_codes", hash_bits));
 }
 
-// (B, n, *) float tensor matching the batch and length of codes.
-void check_rows(const at::Tensor& t, const char* name, int64_t batch, int64_t length, const at::Device& device) {
-  check_cuda(t, name, device);
-  check_float(t, name);
-  TORCH_CHECK(t.dim() == 3 && t.size(0) == batch && t.size(1) == length, "yoso: ", name, " must be (", batch, ", ",
-              length, ", *), got ", t.sizes());
+// Buckets of more than this many rows use the outer-product table: with heavy >= 2 w c / (w + c)
+// the tables of one hash hold at most n / (heavy + 1) * w * c < n * (w + c) / 2 floats per batch row,
+// and enumerating a light bucket costs at most heavy * (w + c) ~ 2 w c per lookup.
+int64_t heavy_threshold(int64_t width, int64_t channels) {
+  return std::max<int64_t>(kHeavyMin, (2 * width * channels + width + channels - 1) / (width + channels));
 }
 
-void check_pair(const at::Tensor& query_codes, const at::Tensor& key_codes) {
-  TORCH_CHECK(query_codes.size(0) == key_codes.size(0), "yoso: query and key codes have different batch sizes (",
-              query_codes.size(0), " vs ", key_codes.size(0), ")");
-  TORCH_CHECK(query_codes.size(2) == key_codes.size(2), "yoso: query and key codes have different numbers of hashes (",
-              query_codes.size(2), " vs ", key_codes.size(2), ")");
-  TORCH_CHECK(query_codes.size(2) >= 1, "yoso: at least one hash is needed");
-  TORCH_CHECK(key_codes.size(0) * key_codes.size(1) <= std::numeric_limits<int32_t>::max(),
-              "yoso: at most 2^31 - 1 keys over all batch rows are supported, got ", key_codes.size(0) * key_codes.size(1));
+// Scratch bytes per hash of a weighted cumulation over `rows` sorted rows per batch row: the sort's
+// double buffers (24 bytes per row) and the heavy buckets' tables.
+int64_t weighted_bytes_per_hash(int64_t batch, int64_t rows, int64_t width, int64_t channels) {
+  const int64_t slots = rows / (heavy_threshold(width, channels) + 1);
+  return batch * rows * 24 + batch * slots * (4 + 4 * width * channels);
 }
 
-unsigned warp_grid(int64_t warps) {
-  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many rows for one launch (", warps, ")");
-  return static_cast<unsigned>(blocks);
-}
-
-unsigned thread_grid(int64_t threads) {
-  const int64_t blocks = (threads + kBlock - 1) / kBlock;
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many items for one launch (", threads, ")");
-  return static_cast<unsigned>(blocks);
+// One chunk of hashes [h0, h0 + hc) of a weighted cumulation: for each lookup row i (a query, or a
+// key for the transposed sum) and each hash of the chunk in order, out[b, i] += the sum over the
+// rows j of its bucket among `side` of sorted (lw_i . sw_j) sv_j, heavy buckets through their
+// kw (x) v table. The last chunk divides by the number of hashes.
+template <typename scalar_t>
+void weighted_chunk(const SortedBuckets& sorted, int side, const at::Tensor& lookup_codes, const at::Tensor& lookup_mask,
+                    const at::Tensor& lookup_weights, const at::Tensor& side_weights, const at::Tensor& side_values,
+                    at::Tensor& out, int64_t num_hashes, int64_t h0, int64_t hc, int hash_bits, cudaStream_t stream) {
+  const int64_t batch = lookup_codes.size(0), num_lookups = lookup_codes.size(1), num_rows = side_weights.size(1);
+  const int64_t width = lookup_weights.size(2), channels = side_values.size(2);
+  if (num_lookups == 0 || num_rows == 0 || channels == 0 || width == 0) {
+    return;
+  }
+  const int64_t heavy = heavy_threshold(width, channels);
+  const int64_t slots = num_rows / (heavy + 1);
+  const int64_t entries = width * channels;
+  const key_t* keys = sorted.keys + sorted.offset[side];
+  const int* order = sorted.order + sorted.offset[side];
+  const int64_t total = batch * hc * num_rows;
+  const int64_t num_slots = batch * hc * slots;
+  at::Tensor table = at::empty({num_slots * entries}, out.options());
+  at::Tensor heavy_start;
+  if (num_slots > 0) {
+    TORCH_CHECK(num_slots <= std::numeric_limits<int32_t>::max(), "yoso: too many bucket tables (", num_slots, ")");
+    heavy_start = at::full({num_slots}, -1, lookup_codes.options());
+    mark_heavy_buckets_kernel<<<thread_grid(total), kBlock, 0, stream>>>(keys, heavy_start.data_ptr<int>(), total, num_rows,
+                                                                          heavy, slots, hash_bits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
+    const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
+    heavy_bucket_tables_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(
+        keys, order, heavy_start.data_ptr<int>(), side_weights.data_ptr<scalar_t>(), side_values.data_ptr<scalar_t>(),
+        table.data_ptr<float>(), num_rows, slots, width, channels, static_cast<int>(hc));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  weighted_query_kernel<scalar_t><<<warp_grid(batch * num_lookups), kBlock, 0, stream>>>(
+      lookup_codes.data_ptr<int>(), lookup_mask.data_ptr<bool>(), lookup_weights.data_ptr<scalar_t>(), keys, order,
+      side_weights.data_ptr<scalar_t>(), side_values.data_ptr<scalar_t>(), num_slots > 0 ? table.data_ptr<float>() : nullptr,
+      out.data_ptr<float>(), batch * num_lookups, num_lookups, num_rows, width, channels, heavy, slots,
+      static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), hash_bits, sorted.segment0[side],
+      h0 + hc == num_hashes);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs_in, int64_t num_hashes,
                            int64_t hash_bits) {
-  const at::Device device = vectors_in.device();
-  check_cuda(vectors_in, "vectors", device);
-  check_cuda(signs_in, "signs", device);
-  check_float(vectors_in, "vectors");
-  check_hash_bits(hash_bits);
-  TORCH_CHECK(num_hashes >= 1, "yoso: num_hashes must be >= 1, got ", num_hashes);
-  TORCH_CHECK(vectors_in.dim() == 3, "yoso: vectors must be (B, n, d), got ", vectors_in.sizes());
-  TORCH_CHECK(signs_in.scalar_type() == at::kFloat, "yoso: signs must be float32, got ", signs_in.scalar_type());
-  TORCH_CHECK(signs_in.dim() == 4 && signs_in.size(0) == vectors_in.size(0) && signs_in.size(1) == 3,
-              "yoso: signs must be (B, 3, rotations, d_pad) with B = ", vectors_in.size(0), ", got ", signs_in.sizes());
+  check_device({{&vectors_in, "vectors"}, {&signs_in, "signs"}});
+  check_hash_codes_args(vectors_in, signs_in, num_hashes, hash_bits);
   const int64_t batch = vectors_in.size(0), length = vectors_in.size(1), dim = vectors_in.size(2);
-  const int64_t rotations = signs_in.size(2), width = signs_in.size(3);
-  TORCH_CHECK(width >= 1 && (width & (width - 1)) == 0, "yoso: d_pad = signs.size(3) must be a power of two, got ", width);
-  TORCH_CHECK(width >= dim && width >= hash_bits, "yoso: d_pad = ", width, " must be >= max(d, hash_bits) = ",
-              std::max(dim, hash_bits));
-  TORCH_CHECK(width <= kMaxWidth, "yoso: the CUDA hash_codes supports d_pad <= ", kMaxWidth, ", got ", width);
-  const int64_t per_rotation = width / hash_bits;
-  TORCH_CHECK(rotations * per_rotation >= num_hashes, "yoso: signs hold ", rotations * per_rotation, " hashes of ",
-              hash_bits, " bits, ", num_hashes, " requested");
-  TORCH_CHECK(num_hashes <= std::numeric_limits<int32_t>::max() / 2, "yoso: num_hashes too large");
+  const int64_t rotations = signs_in.size(2), width = signs_in.size(3), per_rotation = width / hash_bits;
+  TORCH_CHECK_VALUE(width <= kMaxWidth, "the CUDA hash_codes takes a Hadamard width (signs.size(3)) of at most ", kMaxWidth,
+                    ", got ", width);
+  TORCH_CHECK_VALUE(num_hashes <= std::numeric_limits<int32_t>::max() / 2, "num_hashes too large: ", num_hashes);
 
   auto codes = at::empty({batch, length, num_hashes}, vectors_in.options().dtype(at::kInt));
   const int64_t num_vectors = batch * length;
   if (num_vectors == 0) {
     return codes;
   }
-  const c10::cuda::OptionalCUDAGuard guard(device);
+  const c10::cuda::OptionalCUDAGuard guard(vectors_in.device());
   const at::Tensor vectors = vectors_in.contiguous();
   const at::Tensor signs = signs_in.contiguous();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -776,44 +866,43 @@ at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs
 at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
                                const at::Tensor& key_codes_in, const at::Tensor& key_mask_in, const at::Tensor& values_in,
                                int64_t hash_bits) {
-  const at::Device device = query_codes_in.device();
-  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
-  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
-  check_pair(query_codes_in, key_codes_in);
-  check_hash_bits(hash_bits);
+  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&key_codes_in, "key_codes"},
+                {&key_mask_in, "key_mask"}, {&values_in, "values"}});
+  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
+  check_rows(values_in, key_codes_in, "values");
+  check_row_count(query_codes_in, "query_codes");
+  check_row_count(key_codes_in, "key_codes");
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
-  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
-  check_rows(values_in, "values", batch, num_keys, device);
-  const int64_t channels = values_in.size(2);
+  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2), channels = values_in.size(2);
+  const int tau = static_cast<int>(hash_bits);
 
+  const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  check_codes_in_range(query_codes, keys.codes, tau, stream);
   auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
   if (batch == 0 || num_queries == 0 || num_keys == 0 || channels == 0) {
     return out;
   }
-  const c10::cuda::OptionalCUDAGuard guard(device);
-  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
-  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
   const at::Tensor values = values_in.contiguous();
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  const int64_t keys_per_hash = batch * num_keys;
-  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * (24 + 4 * channels));
+  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, batch * num_keys * (24 + 4 * channels));
   for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
     const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
-                                              static_cast<int>(hash_bits), stream);
+    const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
     const int64_t total = batch * hc * num_keys;
     at::Tensor partial = at::empty({total, channels}, out.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_cumulation_cuda", [&] {
       bucket_piece_sums_kernel<scalar_t><<<warp_grid(total), kBlock, 0, stream>>>(
           sorted.keys, sorted.order, values.data_ptr<scalar_t>(), partial.data_ptr<float>(), total, num_keys, channels,
-          static_cast<int>(hc), static_cast<int>(hash_bits));
+          static_cast<int>(hc), tau);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     cumulation_query_kernel<<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
         query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), sorted.keys, partial.data_ptr<float>(),
         out.data_ptr<float>(), batch * num_queries, num_queries, num_keys, channels, static_cast<int>(num_hashes),
-        static_cast<int>(h0), static_cast<int>(hc), static_cast<int>(hash_bits), h0 + hc == num_hashes);
+        static_cast<int>(h0), static_cast<int>(hc), tau, sorted.segment0[0], h0 + hc == num_hashes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return out;
@@ -823,76 +912,104 @@ at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const 
                                         const at::Tensor& query_weights_in, const at::Tensor& key_codes_in,
                                         const at::Tensor& key_mask_in, const at::Tensor& key_weights_in,
                                         const at::Tensor& values_in, int64_t hash_bits) {
-  const at::Device device = query_codes_in.device();
-  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
-  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
-  check_pair(query_codes_in, key_codes_in);
-  check_hash_bits(hash_bits);
-  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
-  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
-  check_rows(query_weights_in, "query_weights", batch, num_queries, device);
-  check_rows(key_weights_in, "key_weights", batch, num_keys, device);
-  check_rows(values_in, "values", batch, num_keys, device);
-  const int64_t width = query_weights_in.size(2), channels = values_in.size(2);
-  TORCH_CHECK(key_weights_in.size(2) == width, "yoso: query_weights and key_weights widths differ (", width, " vs ",
-              key_weights_in.size(2), ")");
+  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
+                {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"}, {&key_weights_in, "key_weights"},
+                {&values_in, "values"}});
+  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
+  check_rows(query_weights_in, query_codes_in, "query_weights");
+  check_rows(key_weights_in, key_codes_in, "key_weights");
+  check_rows(values_in, key_codes_in, "values");
+  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
+  check_row_count(query_codes_in, "query_codes");
+  check_row_count(key_codes_in, "key_codes");
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
+  const int64_t num_hashes = query_codes_in.size(2), width = query_weights_in.size(2), channels = values_in.size(2);
+  const int tau = static_cast<int>(hash_bits);
 
+  const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  check_codes_in_range(query_codes, keys.codes, tau, stream);
   auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
-  if (batch == 0 || num_queries == 0 || num_keys == 0 || channels == 0 || width == 0) {
+  if (batch == 0) {
     return out;
   }
-  const c10::cuda::OptionalCUDAGuard guard(device);
   const auto type = at::promote_types(at::promote_types(query_weights_in.scalar_type(), key_weights_in.scalar_type()),
                                       values_in.scalar_type());
   const at::Tensor query_weights = query_weights_in.to(type).contiguous();
   const at::Tensor key_weights = key_weights_in.to(type).contiguous();
   const at::Tensor values = values_in.to(type).contiguous();
-  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
-  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  // Heavy buckets (> heavy keys) use the outer-product table: with heavy >= 2 w c / (w + c) the
-  // tables of one hash hold at most nk / (heavy + 1) * w * c < nk * (w + c) / 2 floats per batch row,
-  // and enumerating a light bucket costs at most heavy * (w + c) ~ 2 w c per query.
-  const int64_t heavy = std::max<int64_t>(kHeavyMin, (2 * width * channels + width + channels - 1) / (width + channels));
-  const int64_t slots = num_keys / (heavy + 1);
-  const int64_t entries = width * channels;
-  const int64_t keys_per_hash = batch * num_keys;
-  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * 24 + batch * slots * (4 + 4 * entries));
+  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, weighted_bytes_per_hash(batch, num_keys, width, channels));
   for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
     const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
-                                              static_cast<int>(hash_bits), stream);
-    const int64_t total = batch * hc * num_keys;
-    const int64_t num_slots = batch * hc * slots;
-    at::Tensor table = at::empty({num_slots * entries}, out.options());
-    at::Tensor heavy_start;
-    if (num_slots > 0) {
-      heavy_start = at::full({num_slots}, -1, query_codes.options());
-      mark_heavy_buckets_kernel<<<thread_grid(total), kBlock, 0, stream>>>(
-          sorted.keys, heavy_start.data_ptr<int>(), total, num_keys, heavy, slots, static_cast<int>(hash_bits));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_weighted_cumulation_cuda", [&] {
-      if (num_slots > 0) {
-        TORCH_CHECK(num_slots <= std::numeric_limits<int32_t>::max(), "yoso: too many bucket tables (", num_slots, ")");
-        const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
-        const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
-        heavy_bucket_tables_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(
-            sorted.keys, sorted.order, heavy_start.data_ptr<int>(), key_weights.data_ptr<scalar_t>(),
-            values.data_ptr<scalar_t>(), table.data_ptr<float>(), num_keys, slots, width, channels, static_cast<int>(hc));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
-      weighted_query_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
-          query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_weights.data_ptr<scalar_t>(), sorted.keys,
-          sorted.order, key_weights.data_ptr<scalar_t>(), values.data_ptr<scalar_t>(),
-          num_slots > 0 ? table.data_ptr<float>() : nullptr, out.data_ptr<float>(), batch * num_queries, num_queries,
-          num_keys, width, channels, heavy, slots, static_cast<int>(num_hashes), static_cast<int>(h0),
-          static_cast<int>(hc), static_cast<int>(hash_bits), h0 + hc == num_hashes);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_cuda", [&] {
+      weighted_chunk<scalar_t>(sorted, 0, query_codes, query_mask, query_weights, key_weights, values, out, num_hashes, h0,
+                               hc, tau, stream);
     });
   }
   return out;
+}
+
+// Both sides of the weighted cumulation (YOSO's lower-bound grad Q and grad K, which share the pair
+// weights s_ij = qw_i . kw_j): the keys and the queries of a chunk sorted by one radix sort, then
+// query_out_i += sum_j s_ij key_values_j over i's bucket among the keys and key_out_j += sum_i s_ij
+// query_values_i over j's bucket among the queries.
+std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
+    const at::Tensor& query_codes_in, const at::Tensor& query_mask_in, const at::Tensor& query_weights_in,
+    const at::Tensor& query_values_in, const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
+    const at::Tensor& key_weights_in, const at::Tensor& key_values_in, int64_t hash_bits) {
+  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
+                {&query_values_in, "query_values"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                {&key_weights_in, "key_weights"}, {&key_values_in, "key_values"}});
+  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
+  check_rows(query_weights_in, query_codes_in, "query_weights");
+  check_rows(query_values_in, query_codes_in, "query_values");
+  check_rows(key_weights_in, key_codes_in, "key_weights");
+  check_rows(key_values_in, key_codes_in, "key_values");
+  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
+  check_row_count(query_codes_in, "query_codes");
+  check_row_count(key_codes_in, "key_codes");
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
+  const int64_t num_hashes = query_codes_in.size(2), width = query_weights_in.size(2);
+  const int64_t query_channels = query_values_in.size(2), key_channels = key_values_in.size(2);
+  const int tau = static_cast<int>(hash_bits);
+
+  const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Side sides[2] = {{key_codes_in.contiguous(), key_mask_in.contiguous()},
+                         {query_codes_in.contiguous(), query_mask_in.contiguous()}};
+  const Side& keys = sides[0];
+  const Side& queries = sides[1];
+  check_codes_in_range(queries.codes, keys.codes, tau, stream);
+  auto query_out = at::zeros({batch, num_queries, key_channels}, key_values_in.options().dtype(at::kFloat));
+  auto key_out = at::zeros({batch, num_keys, query_channels}, query_values_in.options().dtype(at::kFloat));
+  if (batch == 0 || num_queries == 0 || num_keys == 0) {
+    return {query_out, key_out};
+  }
+  const auto type = at::promote_types(at::promote_types(query_weights_in.scalar_type(), key_weights_in.scalar_type()),
+                                      at::promote_types(query_values_in.scalar_type(), key_values_in.scalar_type()));
+  const at::Tensor query_weights = query_weights_in.to(type).contiguous();
+  const at::Tensor query_values = query_values_in.to(type).contiguous();
+  const at::Tensor key_weights = key_weights_in.to(type).contiguous();
+  const at::Tensor key_values = key_values_in.to(type).contiguous();
+
+  const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, key_channels) +
+                                 weighted_bytes_per_hash(batch, num_queries, width, query_channels);
+  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
+  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+    const int64_t hc = std::min(hc_max, num_hashes - h0);
+    const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_both_cuda", [&] {
+      weighted_chunk<scalar_t>(sorted, 0, queries.codes, queries.mask, query_weights, key_weights, key_values, query_out,
+                               num_hashes, h0, hc, tau, stream);
+      weighted_chunk<scalar_t>(sorted, 1, keys.codes, keys.mask, key_weights, query_weights, query_values, key_out,
+                               num_hashes, h0, hc, tau, stream);
+    });
+  }
+  return {query_out, key_out};
 }
 
 at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
@@ -900,28 +1017,31 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
                                       const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
                                       const at::Tensor& key_vectors_in, const at::Tensor& key_weights_in,
                                       int64_t hash_bits) {
-  const at::Device device = query_codes_in.device();
-  check_codes(query_codes_in, query_mask_in, "query_codes", "query_mask", device);
-  check_codes(key_codes_in, key_mask_in, "key_codes", "key_mask", device);
-  check_pair(query_codes_in, key_codes_in);
-  check_hash_bits(hash_bits);
-  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
-  const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2);
-  check_rows(query_vectors_in, "query_vectors", batch, num_queries, device);
-  check_rows(query_weights_in, "query_weights", batch, num_queries, device);
-  check_rows(key_vectors_in, "key_vectors", batch, num_keys, device);
-  check_rows(key_weights_in, "key_weights", batch, num_keys, device);
-  const int64_t dim = query_vectors_in.size(2), width = query_weights_in.size(2);
-  TORCH_CHECK(key_vectors_in.size(2) == dim, "yoso: query_vectors and key_vectors widths differ (", dim, " vs ",
-              key_vectors_in.size(2), ")");
-  TORCH_CHECK(key_weights_in.size(2) == width, "yoso: query_weights and key_weights widths differ (", width, " vs ",
-              key_weights_in.size(2), ")");
+  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
+                {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}});
+  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
+  check_rows(query_vectors_in, query_codes_in, "query_vectors");
+  check_rows(query_weights_in, query_codes_in, "query_weights");
+  check_rows(key_vectors_in, key_codes_in, "key_vectors");
+  check_rows(key_weights_in, key_codes_in, "key_weights");
+  check_same_width(query_vectors_in, key_vectors_in, "query_vectors", "key_vectors");
+  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
+  check_row_count(query_codes_in, "query_codes");
+  check_row_count(key_codes_in, "key_codes");
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
+  const int64_t num_hashes = query_codes_in.size(2), dim = query_vectors_in.size(2), width = query_weights_in.size(2);
+  const int tau = static_cast<int>(hash_bits);
 
+  const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
+  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  check_codes_in_range(query_codes, keys.codes, tau, stream);
   auto out = at::zeros({batch, num_queries, dim}, query_vectors_in.options().dtype(at::kFloat));
   if (batch == 0 || num_queries == 0 || num_keys == 0 || dim == 0 || width == 0) {
     return out;
   }
-  const c10::cuda::OptionalCUDAGuard guard(device);
   const auto type = at::promote_types(
       at::promote_types(query_vectors_in.scalar_type(), query_weights_in.scalar_type()),
       at::promote_types(key_vectors_in.scalar_type(), key_weights_in.scalar_type()));
@@ -929,23 +1049,18 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
   const at::Tensor query_weights = query_weights_in.to(type).contiguous();
   const at::Tensor key_vectors = key_vectors_in.to(type).contiguous();
   const at::Tensor key_weights = key_weights_in.to(type).contiguous();
-  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
-  const at::Tensor key_codes = key_codes_in.contiguous(), key_mask = key_mask_in.contiguous();
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  const int64_t keys_per_hash = batch * num_keys;
-  const int64_t hc_max = hashes_per_chunk(num_hashes, keys_per_hash, keys_per_hash * 24);
+  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, batch * num_keys * 24);
   for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
     const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(key_codes, key_mask, batch, num_keys, num_hashes, h0, hc,
-                                              static_cast<int>(hash_bits), stream);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, query_vectors.scalar_type(), "yoso_lsh_collided_gradient_cuda", [&] {
+    const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_collided_gradient_cuda", [&] {
       collided_gradient_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
           query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_vectors.data_ptr<scalar_t>(),
-          query_weights.data_ptr<scalar_t>(), key_codes.data_ptr<int>(), sorted.keys, sorted.order,
+          query_weights.data_ptr<scalar_t>(), keys.codes.data_ptr<int>(), sorted.keys, sorted.order,
           key_vectors.data_ptr<scalar_t>(), key_weights.data_ptr<scalar_t>(), out.data_ptr<float>(), batch * num_queries,
-          num_queries, num_keys, dim, width, static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc),
-          static_cast<int>(hash_bits));
+          num_queries, num_keys, dim, width, static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), tau,
+          sorted.segment0[0]);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   }
@@ -958,6 +1073,7 @@ TORCH_LIBRARY_IMPL(yoso, CUDA, m) {
   m.impl("hash_codes", &hash_codes_cuda);
   m.impl("lsh_cumulation", &lsh_cumulation_cuda);
   m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cuda);
+  m.impl("lsh_weighted_cumulation_both", &lsh_weighted_cumulation_both_cuda);
   m.impl("lsh_collided_gradient", &lsh_collided_gradient_cuda);
 }
 

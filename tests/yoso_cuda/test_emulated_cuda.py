@@ -1,0 +1,201 @@
+"""YOSO's real CUDA kernels (csrc/cuda/yoso_cuda.cu), executed on the CPU by yoso_cuda.emulator.
+
+Every op against the pure-PyTorch reference over a grid that reaches every path of the kernels
+(n = 1, 7, 4097; an all-padded batch row; nq != nk; buckets of more than 256 keys; head and value
+dims above 128; more than 32 hashes; several chunks of hashes; fp32, fp16, bf16), each under the
+emulator's three schedules, whose results must be bitwise identical (the kernels use no atomics).
+``YOSO_EMULATOR_SANITIZE=1`` (in a process preloading ``emulator.sanitizer_preload()``) runs the same tests on the build
+with AddressSanitizer and UndefinedBehaviorSanitizer; ``test_sanitized_build`` does that.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from yoso_cuda import emulator, ops, reference
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the emulator compiles the kernels with a C++ compiler")
+
+SANITIZE = os.environ.get("YOSO_EMULATOR_SANITIZE") == "1"
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    return emulator.build(sanitize=SANITIZE)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    num_queries: int
+    num_keys: int
+    dim: int  # queries' and keys' vectors and weights
+    channels: int  # values
+    hash_bits: int
+    num_hashes: int
+    chunk_bytes: int | None = None  # YOSO_CUDA_CHUNK_BYTES: small enough to split the hashes into chunks
+    dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+CASES = [
+    Case("n1", batch=2, num_queries=1, num_keys=1, dim=16, channels=16, hash_bits=8, num_hashes=4),
+    Case("n7_two_buckets", batch=2, num_queries=7, num_keys=7, dim=32, channels=32, hash_bits=1, num_hashes=4),
+    Case("n4097", batch=1, num_queries=4097, num_keys=4097, dim=32, channels=32, hash_bits=12, num_hashes=2, dtypes=(torch.float32,)),
+    # tau = 1: two buckets of ~350 keys, past the 256-key staging of the heavy-bucket tables and the
+    # 64-key pieces of the bucket sums; more queries than keys would not reach them, so nq < nk.
+    Case("crowded_nq_ne_nk", batch=2, num_queries=64, num_keys=700, dim=16, channels=24, hash_bits=1, num_hashes=2),
+    # Widths past the 128-column register tiles, 33 hashes (the first-collision scan spans two warps'
+    # worth of hashes), and a chunk budget that fits few hashes at a time.
+    Case("wide_33_hashes_chunked", batch=2, num_queries=40, num_keys=33, dim=160, channels=136, hash_bits=5, num_hashes=33,
+         chunk_bytes=20_000),
+]
+
+
+def make_inputs(case: Case, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Codes from real hashing of correlated queries and keys; the last batch row is all padding."""
+    generator = torch.Generator().manual_seed(seed)
+    b, nq, nk, d = case.batch, case.num_queries, case.num_keys, case.dim
+    anchor = torch.randn(b, max(nq, nk), d, generator=generator)
+    queries = torch.nn.functional.normalize(anchor[:, :nq], dim=-1)
+    keys = torch.nn.functional.normalize(anchor[:, :nk] + 0.7 * torch.randn(b, nk, d, generator=generator), dim=-1)
+    torch.manual_seed(seed)
+    signs = reference.random_signs(b, d, case.num_hashes, case.hash_bits)
+    query_mask = torch.rand(b, nq, generator=generator) < 0.85
+    key_mask = torch.rand(b, nk, generator=generator) < 0.85
+    if b > 1:
+        query_mask[-1], key_mask[-1] = False, False
+    floats = lambda *shape: torch.randn(*shape, generator=generator).to(dtype)  # noqa: E731
+    return dict(
+        queries=queries.to(dtype), keys=keys.to(dtype), signs=signs,
+        query_codes=reference.hash_codes(queries, signs, case.num_hashes, case.hash_bits),
+        key_codes=reference.hash_codes(keys, signs, case.num_hashes, case.hash_bits),
+        query_mask=query_mask, key_mask=key_mask,
+        query_weights=floats(b, nq, d), key_weights=floats(b, nk, d),
+        query_values=floats(b, nq, case.channels), key_values=floats(b, nk, case.channels),
+    )
+
+
+def op_arguments(op: str, x: dict, hash_bits: int) -> tuple:
+    qc, qm, kc, km = x["query_codes"], x["query_mask"], x["key_codes"], x["key_mask"]
+    return {
+        "lsh_cumulation": (qc, qm, kc, km, x["key_values"], hash_bits),
+        "lsh_weighted_cumulation": (qc, qm, x["query_weights"], kc, km, x["key_weights"], x["key_values"], hash_bits),
+        "lsh_weighted_cumulation_both": (
+            qc, qm, x["query_weights"], x["query_values"], kc, km, x["key_weights"], x["key_values"], hash_bits,
+        ),
+        "lsh_collided_gradient": (qc, qm, x["queries"], x["query_weights"], kc, km, x["keys"], x["key_weights"], hash_bits),
+    }[op]
+
+
+def run_every_schedule(emulated, op: str, args: tuple):
+    """The op's outputs under each schedule, after checking they are bitwise identical."""
+    results = []
+    for order, seed in emulator.SCHEDULES:
+        with emulated.schedule(order, seed):
+            out = getattr(emulated.ops, op)(*args)
+        results.append(out if isinstance(out, tuple) else (out,))
+    for (order, _), outputs in zip(emulator.SCHEDULES[1:], results[1:]):
+        for first, other in zip(results[0], outputs):
+            assert torch.equal(first, other), f"{op}: the {order} schedule changed the result (a race or an uninitialised read)"
+    return results[0]
+
+
+CUMULATIONS = ["lsh_cumulation", "lsh_weighted_cumulation", "lsh_weighted_cumulation_both", "lsh_collided_gradient"]
+GRID = [(case, dtype) for case in CASES for dtype in case.dtypes]
+
+
+@pytest.mark.parametrize("op", CUMULATIONS)
+@pytest.mark.parametrize("case, dtype", GRID, ids=[f"{case}-{str(dtype)[6:]}" for case, dtype in GRID])
+def test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, op, case, dtype):
+    if case.chunk_bytes is not None:
+        monkeypatch.setenv("YOSO_CUDA_CHUNK_BYTES", str(case.chunk_bytes))
+    args = op_arguments(op, make_inputs(case, dtype), case.hash_bits)
+    outputs = run_every_schedule(emulated, op, args)
+    expected = getattr(reference, op)(*args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for out, want in zip(outputs, expected, strict=True):
+        assert out.dtype == torch.float32 and out.shape == want.shape
+        torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("case", CASES[:2] + CASES[3:], ids=str)
+@pytest.mark.parametrize("dim", [16, 160, 600])
+def test_hash_codes_match_the_reference_under_every_schedule(emulated, case, dim):
+    """Widths 16..1024 (one or several vectors per block). The butterfly and the reference's matmul
+    round differently, so a coordinate within rounding of zero may flip a bit: rare flips only."""
+    x = make_inputs(Case(case.name, case.batch, case.num_queries, case.num_keys, dim, 8, case.hash_bits, case.num_hashes),
+                    torch.float32)
+    args = (x["queries"], x["signs"], case.num_hashes, case.hash_bits)
+    (codes,) = run_every_schedule(emulated, "hash_codes", args)
+    expected = reference.hash_codes(*args)
+    assert codes.dtype == torch.int32 and codes.shape == expected.shape
+    assert (codes == expected).float().mean() > 0.999
+
+
+@pytest.mark.parametrize("op", CUMULATIONS)
+@pytest.mark.parametrize("bad", [1 << 6, -1], ids=["too_large", "negative"])
+@pytest.mark.parametrize("side", ["query_codes", "key_codes"])
+def test_out_of_range_codes_are_the_same_error_on_every_backend(emulated, op, bad, side):
+    x = make_inputs(CASES[1], torch.float32)
+    x[side] = x[side].clone()
+    x[side][0, 3, 1] = bad
+    args = op_arguments(op, x, 6)
+    message = f"{side} holds hash codes outside [0, 2^6): codes must come from hash_codes with the same hash_bits"
+    backends = {"emulated CUDA": getattr(emulated.ops, op), "reference": getattr(reference, op)}
+    if ops.kernels().cpu:
+        backends["CPU kernel"] = getattr(torch.ops.yoso, op)
+    for backend, function in backends.items():
+        with pytest.raises(ValueError) as error:
+            function(*args)
+        assert str(error.value).splitlines()[0] == message, backend
+
+
+def test_the_rewrite_handles_every_cuda_construct_of_the_source(emulated):
+    source = emulator.CUDA_SOURCE.read_text()
+    assert emulated.rewrites["launches"] == source.count("<<<")
+    assert emulated.rewrites["empty"] == source.count("at::empty(")
+    assert emulated.rewrites["dispatch_key"] == 1
+    assert set(emulated.op_names) == {"hash_codes", *CUMULATIONS}
+
+
+def test_schedules_run_threads_in_different_orders(emulated):
+    """The schedules really differ: the sort's buffer choice and the launch count move with them."""
+    x = make_inputs(CASES[1], torch.float32)
+    before = emulated.statistics()
+    run_every_schedule(emulated, "lsh_cumulation", op_arguments("lsh_cumulation", x, CASES[1].hash_bits))
+    after = emulated.statistics()
+    assert after["launches"] > before["launches"] and after["switches"] > before["switches"]
+    with pytest.raises(RuntimeError, match="unknown schedule"):
+        emulated.ops.emulator_schedule("sideways", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SANITIZE, reason="already the sanitized run")
+def test_sanitized_build(tmp_path):
+    """The same tests (but n = 4097) on the build with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    env = {
+        **os.environ,
+        "YOSO_EMULATOR_SANITIZE": "1",
+        "LD_PRELOAD": emulator.sanitizer_preload(),
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)), "-k", "not n4097 and not sanitized"],
+        env=env, capture_output=True, text=True, timeout=1500,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
