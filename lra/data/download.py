@@ -427,7 +427,8 @@ def read_members(path: Path, stagings: dict[str, tuple[TaskFiles, Path]]) -> tup
         reader: Any = ProgressReader(raw, bar)
         stream = gzip.GzipFile(fileobj=reader, mode="rb") if compressed else reader
         with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # tarfile would keep every member it read: ~0.1 KB each, millions here
                 parts = member_parts(member)
                 if member.isdir():
                     continue
