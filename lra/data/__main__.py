@@ -1,37 +1,51 @@
-"""Prepare, list and generate LRA data: ``python -m lra.data {prepare,info,generate} ...``.
+"""Download, prepare, list and generate LRA data: ``python -m lra.data {download,prepare,info,generate} ...``.
 
+    python -m lra.data download text image listops      # or: all
     python -m lra.data prepare text --source ~/datasets/aclImdb
     python -m lra.data info [--verify]
     python -m lra.data generate listops --out data/listops --seed 0
     python -m lra.data generate pathfinder --out data/pathfinder32 --num-samples 200000 --seed 0
 
-``prepare`` reads the official files into the cache that training memory-maps (the settings not
-given on the command line are the task's, from ``conf/task/<task>.yaml``, so training finds the
-cache without further flags). ``generate`` writes the official on-disk layout, which ``prepare``
-(or training with ``task.data.source_dir=DIR``) then reads like the real release.
+``download`` fetches a task's official archive, verifies it, unpacks what the task needs into the
+folder training looks in and prepares it (:mod:`lra.data.download`). ``prepare`` reads the official
+files into the cache that training memory-maps (the settings not given on the command line are the
+task's, from ``conf/task/<task>.yaml``, so training finds the cache without further flags).
+``generate`` writes the official on-disk layout, which ``prepare`` (or training with
+``task.data.source_dir=DIR``) then reads like the real release.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import cache
+from .download import BASE_URL_ENV, DownloadError, download_tasks, human_bytes
 from .tasks import TASKS, prepare_task
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-def task_data_config(task: str) -> dict[str, Any]:
-    """The ``task.data`` section training uses for ``task`` under the paper's protocol."""
+def task_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
+    """The config training composes for ``task`` under the paper's protocol, resolved, with
+    ``paths.data_dir`` set to ``data_dir`` when given (as ``LRA_DATA_DIR=DIR`` would)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
-    return OmegaConf.to_container(cfg.task.data, resolve=True)
+    if data_dir is not None:
+        cfg.paths.data_dir = str(data_dir)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def task_data_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
+    """The ``task.data`` section training uses for ``task`` under the paper's protocol."""
+    return task_config(task, data_dir)["task"]["data"]
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -47,12 +61,30 @@ def prepare(args: argparse.Namespace) -> None:
     print(f"{args.task}: ready in {resolved.folder}")
 
 
-def human_bytes(num_bytes: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if num_bytes < 1024 or unit == "GB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    raise AssertionError("unreachable")
+def download(args: argparse.Namespace) -> None:
+    tasks = list(TASKS) if "all" in args.tasks else list(dict.fromkeys(args.tasks))
+    configs = {task: task_config(task, args.dest) for task in tasks}
+    data_dir = Path(configs[tasks[0]]["paths"]["data_dir"])
+    prepared, errors = download_tasks(
+        {task: config["task"]["data"] for task, config in configs.items()}, data_dir / "downloads",
+        base_url=args.base_url, sha256=args.sha256, md5=args.md5,
+    )
+    train = "python -m lra.train" if args.dest is None else f"LRA_DATA_DIR={args.dest} python -m lra.train"
+    for task, resolved in prepared.items():
+        print(f"{task}: ready in {resolved.folder} (`{train} experiment=paper task={task}` uses it)")
+    if errors:
+        raise SystemExit("\n".join(f"error: {error}" for error in errors))
+
+
+def hex_digest(length: int) -> Callable[[str], str]:
+    """An argparse type: ``length`` hexadecimal digits, lower-cased."""
+
+    def parse(value: str) -> str:
+        if not re.fullmatch(f"[0-9a-fA-F]{{{length}}}", value):
+            raise argparse.ArgumentTypeError(f"expected {length} hexadecimal digits, got {value!r}")
+        return value.lower()
+
+    return parse
 
 
 def info(args: argparse.Namespace) -> None:
@@ -82,6 +114,10 @@ def info(args: argparse.Namespace) -> None:
             print(f"  options: {key['options']}")
         if key.get("generator"):
             print(f"  generator: {key['generator']}")
+        if "download" in manifest:
+            record = manifest["download"]
+            print(f"  downloaded: {record['file']} from {record['url']}, SHA-256 {record['sha256']}")
+            print(f"    verified: {record['verified']}")
         for note, value in manifest.get("notes", {}).items():
             print(f"  {note}: {value}")
         if args.verify:
@@ -116,6 +152,22 @@ def generate_pathfinder(args: argparse.Namespace) -> None:
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="python -m lra.data", description=__doc__.split("\n\n")[0])
     commands = main.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser(
+        "download", help="download, verify, unpack and prepare tasks' official data",
+        description="Download each task's official archive, verify it, unpack what the task needs into the folder "
+        "training reads (task.data.source_dir under --dest) and prepare it; see lra/data/download.py.",
+    )
+    p.add_argument("tasks", nargs="+", choices=[*TASKS, "all"], metavar="TASK", help=f"{', '.join(TASKS)} or all")
+    p.add_argument("--dest", type=Path, help="data folder (default: $LRA_DATA_DIR or data/, where training looks)")
+    p.add_argument(
+        "--base-url", default=os.environ.get(BASE_URL_ENV) or None,
+        help=f"a mirror serving the same file names (default: ${BASE_URL_ENV}, else the official hosts)",
+    )
+    checksum = p.add_mutually_exclusive_group()
+    checksum.add_argument("--sha256", type=hex_digest(64), help="accept the file with this SHA-256 (your decision)")
+    checksum.add_argument("--md5", type=hex_digest(32), help="accept the file with this MD5 (your decision)")
+    p.set_defaults(run=download)
 
     p = commands.add_parser("prepare", help="read a task's official files into the training cache")
     p.add_argument("task", choices=sorted(TASKS))
@@ -156,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         args.run(args)
-    except (FileNotFoundError, ValueError, cache.CacheError) as error:
+    except (FileNotFoundError, ValueError, cache.CacheError, DownloadError) as error:
         raise SystemExit(f"error: {error}") from None
 
 

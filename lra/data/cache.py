@@ -6,8 +6,9 @@ prepared from what::
 
     <cache_dir>/<task>/<kind>-<key hash>/
         manifest.json              task, key (source kind + reader options), source folder and its
-                                   fingerprint, splits with sample counts, and per file its dtype,
-                                   shape, size and SHA-256
+                                   fingerprint, splits with sample counts, per file its dtype, shape,
+                                   size and SHA-256, and (``python -m lra.data download``) the archive
+                                   the source was unpacked from: URL, size, checksums, how verified
         train.input_ids.npy        (num_samples, max_length) uint8/uint16 token ids, 0 = padding
         train.label.npy            (num_samples,) int64
         val.* test.*               (a split identical to another, IMDb's val = test, is stored once)
@@ -37,6 +38,9 @@ from .formats import SPLITS, Prepared
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: In a source folder unpacked by ``python -m lra.data download``: the archive it came from (URL,
+#: size, checksums, how it was verified). Part of the folder, so of its fingerprint too.
+DOWNLOAD_RECORD = ".lra_download.json"
 
 
 class CacheError(RuntimeError):
@@ -79,6 +83,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def read_download_record(source: Path) -> dict[str, Any] | None:
+    """The download record of a source folder (see :data:`DOWNLOAD_RECORD`), or None."""
+    path = Path(source) / DOWNLOAD_RECORD
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CacheError(f"{path} is not valid JSON ({error}): delete {source} and download it again") from None
+
+
 def _save_array(folder: Path, file_name: str, array: np.ndarray) -> dict[str, Any]:
     path = folder / file_name
     np.save(path, np.ascontiguousarray(array))
@@ -92,9 +107,18 @@ def _save_array(folder: Path, file_name: str, array: np.ndarray) -> dict[str, An
 
 
 def write(
-    folder: Path, task: str, key: dict[str, Any], prepared: Prepared, source: Path, fingerprint: dict[str, Any]
+    folder: Path,
+    task: str,
+    key: dict[str, Any],
+    prepared: Prepared,
+    source: Path,
+    fingerprint: dict[str, Any],
+    download: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Store ``prepared`` as the cache ``folder`` (atomically) and return its manifest."""
+    """Store ``prepared`` as the cache ``folder`` (atomically) and return its manifest.
+
+    ``download`` describes the archive ``source`` was unpacked from (:mod:`lra.data.download`).
+    """
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
@@ -117,6 +141,8 @@ def write(
             "notes": prepared.notes,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if download is not None:
+            manifest["download"] = download
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if folder.exists():  # an outdated or corrupt cache being replaced
             shutil.rmtree(folder)
@@ -219,7 +245,8 @@ def prepare(
 
     A no-op when the folder already holds this key prepared from an unchanged source and every
     file matches its checksum; otherwise (``force``, no cache, changed source, corrupt cache) the
-    source is read again and the folder replaced.
+    source is read again and the folder replaced. A source unpacked by ``python -m lra.data download``
+    holds the record of its archive (:data:`DOWNLOAD_RECORD`), which the manifest copies.
     """
     fingerprint = source_fingerprint(source)
     if not force and folder.exists():
@@ -235,7 +262,7 @@ def prepare(
             log(f"Preparing {task} again: the files in {source} changed since {folder} was prepared")
     log(f"Preparing {task} from {source} into {folder}")
     start = time.perf_counter()
-    manifest = write(folder, task, key, read(), source, fingerprint)
+    manifest = write(folder, task, key, read(), source, fingerprint, read_download_record(source))
     sizes = ", ".join(f"{name} {entry['num_samples']}" for name, entry in manifest["splits"].items())
     log(f"Prepared {task} ({sizes}) in {time.perf_counter() - start:.1f} s")
     return manifest

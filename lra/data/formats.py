@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 SPLITS = ("train", "val", "test")
+#: The official LRA release: ListOps, Retrieval, Pathfinder and Path-X (a tar archive despite its name).
+LRA_RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 
 
 @dataclass

@@ -131,7 +131,8 @@ def missing_data_message(source: Path, missing: list[str]) -> str:
     return (
         f"CIFAR-10 data not found in {source}: missing {', '.join(missing)}. Expected the "
         "'cifar-10-batches-py' folder of the CIFAR-10 python version, with data_batch_1 ... data_batch_5 "
-        f"and test_batch. Download {CIFAR_URL}, unpack it (tar xzf), and run "
+        "and test_batch. Run `python -m lra.data download image` (downloads, verifies, unpacks and prepares "
+        f"it), or download {CIFAR_URL} yourself, unpack it (tar xzf), and run "
         "`python -m lra.data prepare image --source <dir>/cifar-10-batches-py` (or point "
         "task.data.source_dir at that folder)."
     )

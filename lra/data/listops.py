@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .formats import SPLITS, Prepared, Split
+from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 CLOSE = "]"
@@ -251,8 +251,9 @@ def read(source: Path, *, max_length: int = 2000) -> Prepared:
 def missing_data_message(folder: Path) -> str:
     return (
         f"ListOps data not found in {folder}: expected basic_train.tsv, basic_val.tsv and basic_test.tsv "
-        "(header 'Source<TAB>Target'). Either point task.data.source_dir at the 'listops-1000' folder of the "
-        "official LRA release (https://storage.googleapis.com/long-range-arena/lra_release.gz, a tar archive; "
-        "folder lra_release/listops-1000), or generate the data with the official algorithm: "
-        "task.data.source=generated (or `python -m lra.data generate listops --out DIR`)."
+        "(header 'Source<TAB>Target'). Run `python -m lra.data download listops` (downloads the official "
+        f"LRA release {LRA_RELEASE_URL}, verifies it, unpacks listops-1000 and prepares it), or point "
+        "task.data.source_dir at the 'listops-1000' folder of a release you unpacked yourself, or generate the "
+        "data with the official algorithm: task.data.source=generated (or `python -m lra.data generate listops "
+        "--out DIR`)."
     )

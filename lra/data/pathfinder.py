@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from .formats import Prepared, Split
+from .formats import LRA_RELEASE_URL, Prepared, Split
 
 #: Fewer images than this are decoded in this process: starting a pool would cost more than it saves.
 PARALLEL_MIN_IMAGES = 2000
@@ -158,10 +158,10 @@ def missing_data_message(source: Path, problem: str) -> str:
     return (
         f"Pathfinder data not found in {source}: {problem}. Expected a difficulty folder of the LRA release "
         "with metadata/<k>.npy (plain text, one line per image: imgs/<k> sample_<i>.png <index> <label> ...) "
-        "and imgs/<k>/sample_<i>.png (8-bit grayscale PNGs). Either point task.data.source_dir at "
-        "lra_release/pathfinder32/curv_contour_length_14 (Pathfinder; Path-X: "
-        "lra_release/pathfinder128/curv_contour_length_14) of the official release "
-        "(https://storage.googleapis.com/long-range-arena/lra_release.gz, a tar archive despite its name: tar xf), "
-        "or generate the data with `python -m lra.data generate pathfinder --out DIR` "
-        "(or task.data.source=generated)."
+        "and imgs/<k>/sample_<i>.png (8-bit grayscale PNGs). Run `python -m lra.data download pathfinder` "
+        "(Path-X: `download pathx`; downloads, verifies, unpacks and prepares the folder), or point "
+        "task.data.source_dir at lra_release/pathfinder32/curv_contour_length_14 (Pathfinder; Path-X: "
+        f"lra_release/pathfinder128/curv_contour_length_14) of the official release ({LRA_RELEASE_URL}, a tar "
+        "archive despite its name: tar xf), or generate the data with `python -m lra.data generate pathfinder "
+        "--out DIR` (or task.data.source=generated)."
     )

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .formats import SPLITS, Prepared, Split
+from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
 from .text import write_byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
@@ -104,8 +104,9 @@ def missing_data_message(source: Path, missing: list[str]) -> str:
     return (
         f"AAN retrieval data not found in {source}: missing {', '.join(missing)}. Expected the 'tsv_data' "
         "folder of the official LRA release with new_aan_pairs.train.tsv, new_aan_pairs.eval.tsv and "
-        "new_aan_pairs.test.tsv (no header; label<TAB>id1<TAB>id2<TAB>text1<TAB>text2 per line). Download "
-        "https://storage.googleapis.com/long-range-arena/lra_release.gz (a tar archive despite its name: "
-        "tar xf), then point task.data.source_dir at lra_release/tsv_data or run "
+        "new_aan_pairs.test.tsv (no header; label<TAB>id1<TAB>id2<TAB>text1<TAB>text2 per line). Run "
+        "`python -m lra.data download retrieval` (downloads, verifies, unpacks and prepares it), or download "
+        f"{LRA_RELEASE_URL} yourself (a tar archive despite its name: tar xf), then point "
+        "task.data.source_dir at lra_release/tsv_data or run "
         "`python -m lra.data prepare retrieval --source <dir>/lra_release/tsv_data`."
     )

@@ -87,7 +87,8 @@ def missing_data_message(source: Path, missing: Path) -> str:
     return (
         f"IMDb data not found in {source}: {missing} does not exist. Expected the 'aclImdb' folder of the "
         "Large Movie Review Dataset, with train/pos, train/neg, test/pos and test/neg holding one review per "
-        f"<id>_<rating>.txt file. Download {IMDB_URL}, unpack it (tar xzf), and run "
+        "<id>_<rating>.txt file. Run `python -m lra.data download text` (downloads, verifies, unpacks and "
+        f"prepares it), or download {IMDB_URL} yourself, unpack it (tar xzf), and run "
         "`python -m lra.data prepare text --source <dir>/aclImdb` (or point task.data.source_dir at the "
         "aclImdb folder)."
     )
