@@ -75,8 +75,19 @@ def _asan_is_loaded() -> bool:
 
 
 @functools.cache
-def build(source: Path = CUDA_SOURCE, *, sanitize: bool = False, namespace: str | None = None, verbose: bool = False) -> Emulator:
-    """Rewrite ``source``, compile it with the runtime (cached by torch's extension builder), load it."""
+def build(
+    source: Path = CUDA_SOURCE,
+    *,
+    sanitize: bool = False,
+    namespace: str | None = None,
+    schemas: tuple[str, ...] | None = None,
+    verbose: bool = False,
+) -> Emulator:
+    """Rewrite ``source``, compile it with the runtime (cached by torch's extension builder), load it.
+
+    The ops take the schemas of yoso_cuda's ops of the same names, unless ``schemas`` gives them
+    (``"name(Tensor x) -> Tensor"``, for sources that are not yoso_cuda's kernels).
+    """
     from torch.utils import cpp_extension
 
     from .. import ops as yoso_ops
@@ -86,9 +97,10 @@ def build(source: Path = CUDA_SOURCE, *, sanitize: bool = False, namespace: str 
             "the sanitized emulator must run in a process that preloads AddressSanitizer's runtime: "
             f"LD_PRELOAD='{sanitizer_preload()}' ASAN_OPTIONS=detect_leaks=0 python ..."
         )
-    report = yoso_ops.kernels()  # the CPU library defines the schemas the emulated kernels implement
-    if not report.cpu:
-        raise RuntimeError(f"the emulator needs yoso_cuda's CPU library for the op schemas: {report.error}")
+    if schemas is None:
+        report = yoso_ops.kernels()  # the CPU library defines the schemas the emulated kernels implement
+        if not report.cpu:
+            raise RuntimeError(f"the emulator needs yoso_cuda's CPU library for the op schemas: {report.error}")
     source = Path(source).resolve()
     tag = hashlib.sha256(str(source).encode()).hexdigest()[:8]
     namespace = namespace or ("yoso_emu_asan" if sanitize else "yoso_emu") + ("" if source == CUDA_SOURCE else f"_{tag}")
@@ -109,9 +121,10 @@ def build(source: Path = CUDA_SOURCE, *, sanitize: bool = False, namespace: str 
         verbose=verbose,
     )
     definitions = torch.library.Library(namespace, "FRAGMENT")
-    for name in op_names:
-        schema = str(getattr(torch.ops.yoso, name).default._schema)
-        definitions.define(schema.split("::", 1)[1])
+    if schemas is None:
+        schemas = tuple(str(getattr(torch.ops.yoso, name).default._schema).split("::", 1)[1] for name in op_names)
+    for schema in schemas:
+        definitions.define(schema)
     _LIBRARIES.append(definitions)  # registrations last as long as their Library object
     return Emulator(namespace, str(library), rewrites, tuple(op_names))
 
