@@ -16,6 +16,7 @@ kernels are missing or a wanted library that did not build. The exit status is 1
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +60,10 @@ class Verdict:
         if self.total_codes:
             detail = (f"{self.differing_codes} of {self.total_codes} codes differ "
                       f"(at most {1 - HASH_CODE_AGREEMENT:.1%} may, by rounding)")
-        else:
+        elif self.comparisons:
             detail = f"max |error| {self.max_error:.2e} over {self.comparisons} comparisons"
+        else:
+            detail = "nothing compared"
         if self.failure:
             detail += f"; {self.failure}"
         return f"{self.device:<5} {self.op:<42} {verdict}  {detail}"
@@ -108,6 +111,16 @@ def raw_op_calls(c: dict, tau: int) -> dict[str, tuple]:
     }
 
 
+@contextmanager
+def failures_recorded(verdict: Verdict, where: str):
+    """An op that raises fails its verdict (with the error) and the check goes on."""
+    try:
+        yield
+    except Exception as error:  # a kernel's error is a verdict here, not the end of the check
+        if verdict.failure is None:
+            verdict.failure = f"{where}: raised {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+
+
 def check_device(device: str) -> list[Verdict]:
     names = ["hash_codes", *RAW_OPS, "lsh_attention (forward)"]
     names += [f"lsh_attention (backward, {estimator})" for estimator in BACKWARD_ESTIMATORS]
@@ -116,40 +129,51 @@ def check_device(device: str) -> list[Verdict]:
         for num_queries, num_keys, dim, tau in CASES:
             where = f"{str(dtype).removeprefix('torch.')}, nq={num_queries}, nk={num_keys}, d={dim}, tau={tau}"
             c = make_inputs(num_queries, num_keys, dim, tau, dtype, device)
-            codes = torch.ops.yoso.hash_codes(c["queries"], c["signs"], NUM_HASHES, tau).cpu()
-            expected = reference.hash_codes(c["queries"].cpu(), c["signs"].cpu(), NUM_HASHES, tau)
-            hashing = verdicts["hash_codes"]
-            if codes.shape != expected.shape or codes.dtype != torch.int32:
-                hashing.failure = hashing.failure or f"{where}: codes {codes.dtype} {tuple(codes.shape)}, expected int32 {tuple(expected.shape)}"
-            else:
-                hashing.differing_codes += int((codes != expected).sum())
-                hashing.total_codes += codes.numel()
+            with failures_recorded(verdicts["hash_codes"], where):
+                check_hash_codes(c, tau, where, verdicts["hash_codes"])
             for name, args in raw_op_calls(c, tau).items():
-                outputs, expected = getattr(torch.ops.yoso, name)(*args), getattr(reference, name)(*args)
-                if isinstance(outputs, tuple):  # lsh_weighted_cumulation_both: the query side and the key side
-                    for side, out, want in zip(("queries", "keys"), outputs, expected):
-                        verdicts[name].compare(out, want, dtype, f"{where}, {side}' output")
-                else:
-                    verdicts[name].compare(outputs, expected, dtype, where)
+                with failures_recorded(verdicts[name], where):
+                    outputs, expected = getattr(torch.ops.yoso, name)(*args), getattr(reference, name)(*args)
+                    if isinstance(outputs, tuple):  # lsh_weighted_cumulation_both: the query side and the key side
+                        for side, out, want in zip(("queries", "keys"), outputs, expected):
+                            verdicts[name].compare(out, want, dtype, f"{where}, {side}' output")
+                    else:
+                        verdicts[name].compare(outputs, expected, dtype, where)
             if num_queries == num_keys:
                 check_attention(c, tau, dtype, where, verdicts)
     return list(verdicts.values())
 
 
+def check_hash_codes(c: dict, tau: int, where: str, verdict: Verdict) -> None:
+    """Codes on the device against the reference's on the CPU, counting the codes that differ."""
+    codes = torch.ops.yoso.hash_codes(c["queries"], c["signs"], NUM_HASHES, tau).cpu()
+    expected = reference.hash_codes(c["queries"].cpu(), c["signs"].cpu(), NUM_HASHES, tau)
+    if codes.shape != expected.shape or codes.dtype != torch.int32:
+        raise ValueError(f"codes {codes.dtype} {tuple(codes.shape)}, expected int32 {tuple(expected.shape)}")
+    verdict.differing_codes += int((codes != expected).sum())
+    verdict.total_codes += codes.numel()
+
+
 def check_attention(c: dict, tau: int, dtype: torch.dtype, where: str, verdicts: dict[str, Verdict]) -> None:
     """The differentiable op's forward and gradients on the kernels against the same op on the reference."""
     mask = c["query_mask"]  # one mask: queries and keys are the same tokens
+    forward = verdicts["lsh_attention (forward)"]
     for estimator in BACKWARD_ESTIMATORS:
-        results = []
+        backward = verdicts[f"lsh_attention (backward, {estimator})"]
+        outputs, gradients = [], []
         for backend in ("compiled", "reference"):
             leaves = [c[name].detach().clone().requires_grad_() for name in ("queries", "keys", "values")]
-            out = lsh_attention(*leaves, mask, c["query_codes"], c["key_codes"], tau, estimator, backend)
-            out.backward(c["grad"].float())
-            results.append([out.detach(), *(leaf.grad for leaf in leaves)])
-        (out, *grads), (expected_out, *expected_grads) = results
-        verdicts["lsh_attention (forward)"].compare(out, expected_out, dtype, where)
-        for name, grad, expected in zip(("queries", "keys", "values"), grads, expected_grads):
-            verdicts[f"lsh_attention (backward, {estimator})"].compare(grad, expected, dtype, f"{where}, grad {name}")
+            with failures_recorded(forward, f"{where}, backend {backend}"):
+                out = lsh_attention(*leaves, mask, c["query_codes"], c["key_codes"], tau, estimator, backend)
+                outputs.append(out.detach())
+                with failures_recorded(backward, f"{where}, backend {backend}"):
+                    out.backward(c["grad"].float())
+                    gradients.append([leaf.grad for leaf in leaves])
+        if len(outputs) == 2:
+            forward.compare(*outputs, dtype, where)
+        if len(gradients) == 2:
+            for name, grad, expected in zip(("queries", "keys", "values"), *gradients):
+                backward.compare(grad, expected, dtype, f"{where}, grad {name}")
 
 
 def run_check(report: BuildReport) -> tuple[list[str], bool]:

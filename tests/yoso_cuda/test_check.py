@@ -50,12 +50,19 @@ def test_a_kernel_that_disagrees_with_the_reference_is_a_fail(monkeypatch):
     honest_cumulation, honest_hash = reference.lsh_cumulation, reference.hash_codes
     monkeypatch.setattr(reference, "lsh_cumulation", lambda *args: honest_cumulation(*args) * 1.01)
     monkeypatch.setattr(reference, "hash_codes", lambda *args: honest_hash(*args) ^ 1)  # flip bit 0 of every code
+
+    def broken(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+
+    monkeypatch.setattr(reference, "lsh_weighted_cumulation", broken)
     verdicts = {verdict.op: verdict for verdict in check.check_device("cpu")}
     cumulation = verdicts["lsh_cumulation"]
     assert not cumulation.passed and "beyond the torch.float32 tolerance" in cumulation.failure
     assert cumulation.line().startswith("cpu   lsh_cumulation ") and " FAIL  " in cumulation.line()
     hashing = verdicts["hash_codes"]
     assert not hashing.passed and hashing.differing_codes == hashing.total_codes > 0
+    raised = verdicts["lsh_weighted_cumulation"]
+    assert not raised.passed and raised.failure.endswith("raised RuntimeError: CUDA error: an illegal memory access was encountered")
     assert verdicts["lsh_collided_gradient"].passed, verdicts["lsh_collided_gradient"].line()
 
 
