@@ -31,9 +31,11 @@ from . import ops
 BACKWARD_ESTIMATORS = ("lower_bound", "exact")
 
 
-def _check_backward(backward: str) -> None:
+def _check_choices(backward: str, backend: str) -> None:
     if backward not in BACKWARD_ESTIMATORS:
         raise ValueError(f"backward must be one of {', '.join(map(repr, BACKWARD_ESTIMATORS))}, got {backward!r}")
+    if backend not in ops.BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, ops.BACKENDS))}, got {backend!r}")
 
 
 @torch.library.custom_op("yoso::lsh_attention", mutates_args=())
@@ -50,13 +52,13 @@ def lsh_attention(
 ) -> Tensor:
     """``(1/m) sum_h B_h V``: unit queries and keys ``(B, n, d)``, values ``(B, n, c)``, mask ``(B, n)`` bool
     (padded tokens are neither keys nor queries), codes ``(B, n, m)`` int32 -> ``(B, n, c)`` float32."""
-    _check_backward(backward)
+    _check_choices(backward, backend)
     return ops.lsh_cumulation(query_codes, mask, key_codes, mask, values, hash_bits, backend)
 
 
 @lsh_attention.register_fake
 def _(queries, keys, values, mask, query_codes, key_codes, hash_bits, backward="lower_bound", backend="auto"):
-    _check_backward(backward)
+    _check_choices(backward, backend)
     return values.new_empty(query_codes.shape[0], query_codes.shape[1], values.shape[-1], dtype=torch.float32)
 
 
@@ -74,7 +76,7 @@ def lsh_attention_backward(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """YOSO's gradient estimates ``(grad queries, grad keys, grad values)`` from the forward's codes."""
-    _check_backward(backward)
+    _check_choices(backward, backend)
     tau = hash_bits
     grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau, backend)
     if backward == "lower_bound":
