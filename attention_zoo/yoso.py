@@ -49,8 +49,10 @@ its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays fini
 ``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
 
 tau (``hash_bits``) defaults to the paper's LRA rule, log2 of the padded length (11 for ListOps'
-2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. The ops run on
-``yoso_cuda``'s compiled kernels when they are built, else on its pure-PyTorch reference.
+2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. Hashing and
+the cumulations with their gradient estimators are ``yoso_cuda``'s (``hash_queries_and_keys``, the
+differentiable op ``lsh_attention``); ``backend`` runs them on its compiled kernels where they are
+built (``auto``), on the kernels or an error (``compiled``), or on its pure-PyTorch reference.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yoso_cuda import ops, reference
+import yoso_cuda
 
 from ._checks import check_inputs, zero_masked_queries
 from .registry import Attention, register
@@ -79,6 +81,7 @@ class YosoConfig:
     conv_window: int | None = None  # YOSO-C: width of the per-head depthwise convolution of V (odd)
     expectation: bool = False  # YOSO-E: the exact expectation, O(n^2), instead of m hashes
     hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes
+    backend: Literal["auto", "compiled", "reference"] = "auto"  # yoso_cuda's kernels where built, or a forced choice
 
     def __post_init__(self) -> None:
         if self.num_hashes < 1:
@@ -89,42 +92,12 @@ class YosoConfig:
             raise ValueError(f"conv_window must be a positive odd width (centred on each token), got {self.conv_window}")
 
 
-class LSHCumulation(torch.autograd.Function):
-    """``Y = (1/m) sum_h B_h V`` with YOSO's ``lower_bound`` or ``exact`` gradient estimates."""
-
-    @staticmethod
-    def forward(ctx, queries, keys, values, mask, query_codes, key_codes, hash_bits, backward):
-        ctx.save_for_backward(queries, keys, values, mask, query_codes, key_codes)
-        ctx.hash_bits, ctx.backward = hash_bits, backward
-        return ops.lsh_cumulation(query_codes, mask, key_codes, mask, values, hash_bits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        queries, keys, values, mask, query_codes, key_codes = ctx.saved_tensors
-        tau = ctx.hash_bits
-        grad_q = grad_k = grad_v = None
-        if ctx.needs_input_grad[2]:
-            grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau)
-        if ctx.backward == "lower_bound":
-            # grad q_i and grad k_j share the pair weights (g_i . v_j): one pass computes both.
-            grad_q, grad_k = ops.lsh_weighted_cumulation_both(
-                query_codes, mask, grad, queries, key_codes, mask, values, keys, tau
-            )
-            grad_q, grad_k = (tau / 2) * grad_q, (tau / 2) * grad_k
-        else:
-            if ctx.needs_input_grad[0]:
-                grad_q = ops.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau)
-            if ctx.needs_input_grad[1]:
-                grad_k = ops.lsh_collided_gradient(key_codes, mask, keys, values, query_codes, mask, queries, grad, tau)
-        return grad_q, grad_k, grad_v, None, None, None, None, None
-
-
 class ExpectationLowerBound(torch.autograd.Function):
     """YOSO-E's ``E V`` with the dense (tau/2) E surrogate gradient of the official yoso_v1."""
 
     @staticmethod
     def forward(ctx, queries, keys, values, pair_mask, hash_bits):
-        weights = reference.expected_collisions(queries, keys, hash_bits) * pair_mask  # (B, n, n)
+        weights = yoso_cuda.expected_collisions(queries, keys, hash_bits) * pair_mask  # (B, n, n)
         ctx.save_for_backward(queries, keys, values, weights)
         ctx.hash_bits = hash_bits
         return weights @ values
@@ -177,8 +150,9 @@ class YosoAttention(Attention):
                 out = ExpectationLowerBound.apply(queries, keys, values, pair_mask, self.hash_bits)
         else:
             query_codes, key_codes = self.hash(queries.detach(), keys.detach())
-            out = LSHCumulation.apply(
-                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward
+            out = yoso_cuda.lsh_attention(
+                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward,
+                self.config.backend,
             )
         out = F.normalize(out, dim=-1).view(batch, heads, length, dim)  # (b, h, n, d)
         if self.conv is not None:
@@ -187,10 +161,7 @@ class YosoAttention(Attention):
 
     def hash(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``(B, n, m)`` of queries and keys under the same fresh hash functions."""
-        m, tau = self.config.num_hashes, self.hash_bits
-        batch, _, dim = queries.shape
-        if self.config.hash_projection == "gaussian":
-            projections = reference.random_projections(batch, dim, m, tau, queries.device)
-            return (reference.gaussian_hash_codes(x, projections, m, tau) for x in (queries, keys))
-        signs = reference.random_signs(batch, dim, m, tau, queries.device)
-        return ops.hash_codes(queries, signs, m, tau), ops.hash_codes(keys, signs, m, tau)
+        config = self.config
+        return yoso_cuda.hash_queries_and_keys(
+            queries, keys, config.num_hashes, self.hash_bits, config.hash_projection, config.backend
+        )

@@ -1,10 +1,11 @@
-"""``python -m lra.bench kernels|efficiency|approx ...``: run one benchmark (see each module's docstring)."""
+"""``python -m lra.bench kernels|efficiency|approx|gpu ...``: run one benchmark (see each module's docstring);
+``gpu`` runs YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`)."""
 
 import sys
 
-from . import approx, efficiency, kernels
+from . import approx, efficiency, gpu, kernels
 
-BENCHMARKS = {"kernels": kernels.main, "efficiency": efficiency.main, "approx": approx.main}
+BENCHMARKS = {"kernels": kernels.main, "efficiency": efficiency.main, "approx": approx.main, "gpu": gpu.main}
 
 
 def main() -> int:

@@ -6,8 +6,10 @@
 
 * ``softmax/<backend>``: ``scaled_dot_product_attention`` with every SDPA backend that runs on the
   device (flash, efficient, cudnn, math on a GPU; the CPU's default);
-* ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels;
-* ``yoso_32/reference``: the same on the pure-PyTorch reference (up to ``--reference-max-length``).
+* ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels
+  (``backend="compiled"``: missing kernels for the device are an error, not a silent fallback);
+* ``yoso_32/reference``: the same on the pure-PyTorch reference (``backend="reference"``, up to
+  ``--reference-max-length``).
 
 Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
 Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len, head_dim, dtype, time_ms,
@@ -23,16 +25,14 @@ import math
 import platform
 import statistics
 import time
-from contextlib import nullcontext
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 import attention_zoo
 from lra.results import device_name
-from yoso_cuda import ops
+import yoso_cuda
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
@@ -87,12 +87,13 @@ def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, 
                 return F.scaled_dot_product_attention(q, k, v)
 
     else:
-        attn = attention_zoo.build("yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32).to(device)
-        patch = mock.patch.object(ops, "has_kernel", lambda device: False) if method.endswith("reference") else nullcontext()
+        backend = "reference" if method.endswith("reference") else "compiled"
+        attn = attention_zoo.build(
+            "yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32, backend=backend
+        ).to(device)
 
         def forward():
-            with patch:
-                return attn(q, k, v)
+            return attn(q, k, v)
 
     def run():
         out = forward()
@@ -114,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
-    kernels = ops.kernels()
-    print(f"torch {torch.__version__} on {device_name(device)}; YOSO kernels: cpu={kernels.cpu} cuda={kernels.cuda}")
+    kernels = yoso_cuda.kernels()
+    library = kernels.cuda if device.type == "cuda" else kernels.cpu
+    if not yoso_cuda.has_kernel(device):
+        print(f"YOSO's {device.type} kernels are not built ({library.reason}), so there is nothing to benchmark; "
+              "`python -m yoso_cuda` shows the build")
+        return 1
+    print(f"torch {torch.__version__} on {device_name(device)}; YOSO's {library.describe()}")
     methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"kernels_{device.type}.csv"

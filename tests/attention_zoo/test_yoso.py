@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import attention_zoo
-from attention_zoo.yoso import LSHCumulation, expectation_exact
+import yoso_cuda
+from attention_zoo.yoso import expectation_exact
 from yoso_cuda import reference
 
 DIM = 32
@@ -132,7 +133,7 @@ ESTIMATOR_DIM = 16  # the gradient estimators' cost grows with d^2: keep these d
 
 
 def estimator_means(backward: str, draws: int, tau: int, noise: float = 0.8, projection: str = "gaussian"):
-    """Mean over fresh hash draws of LSHCumulation's gradients w.r.t. unit q, k (k = q + noise) and v."""
+    """Mean over fresh hash draws of lsh_attention's gradients w.r.t. unit q, k (k = q + noise) and v."""
     generator = torch.Generator().manual_seed(0)
     q, perturbation, v, grad = (torch.randn(1, 64, ESTIMATOR_DIM, generator=generator) for _ in range(4))
     q, k = F.normalize(q, dim=-1), F.normalize(q + noise * perturbation, dim=-1)
@@ -146,7 +147,7 @@ def estimator_means(backward: str, draws: int, tau: int, noise: float = 0.8, pro
     for _ in range(draws):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         codes = attn.hash(q, k)
-        LSHCumulation.apply(*inputs, mask, *codes, tau, backward).backward(grad)
+        yoso_cuda.lsh_attention(*inputs, mask, *codes, tau, backward).backward(grad)
         for total, tensor in zip(sums, inputs):
             total += tensor.grad
     return [total / draws for total in sums], (q, k, v, grad, mask)
