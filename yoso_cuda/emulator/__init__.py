@@ -106,14 +106,12 @@ def build(
     tag = hashlib.sha256(str(source).encode()).hexdigest()[:8]
     namespace = namespace or ("yoso_emu_asan" if sanitize else "yoso_emu") + ("" if source == CUDA_SOURCE else f"_{tag}")
     text, rewrites, op_names = rewrite(source.read_text(), namespace, str(source))
-    folder = Path(cpp_extension.get_default_build_root()) / f"{namespace}_source"
-    folder.mkdir(parents=True, exist_ok=True)
-    rewritten = folder / "kernels.cpp"
+    build_directory = Path(cpp_extension._get_build_directory(namespace, verbose))
+    rewritten = build_directory / "kernels.cpp"
     if not rewritten.exists() or rewritten.read_text() != text:  # an unchanged file keeps ninja's cache valid
         rewritten.write_text(text)
     flags = ["-O1", "-g"] + SANITIZER_FLAGS if sanitize else ["-O2"]
     flags += [f"-I{HERE}", f"-I{source.parent}", f"-I{CUDA_SOURCE.parent}", f"-DEMU_NAMESPACE={namespace}", "-Wno-unknown-pragmas"]
-    build_directory = Path(cpp_extension._get_build_directory(namespace, verbose))
     with build_lock(build_directory):
         library = cpp_extension.load(
             name=namespace,
