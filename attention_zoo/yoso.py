@@ -167,7 +167,7 @@ class YosoAttention(Attention):
         folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
         queries = F.normalize(q.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
         keys = F.normalize(k.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        values = v.float().reshape(batch * heads, length, dim)  # (B, n, d)
+        values = v.float().reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
 
         if self.config.expectation:
             pair_mask = (folded_mask[:, :, None] & folded_mask[:, None, :]).float()  # (B, n, n)
@@ -180,7 +180,7 @@ class YosoAttention(Attention):
             out = LSHCumulation.apply(
                 queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward
             )
-        out = F.normalize(out, dim=-1).view(batch, heads, length, dim)  # (b, h, n, d)
+        out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
         if self.conv is not None:
             out = out + self.conv(v.float() * real[:, None, :, None])  # (b, h, n, d)
         return zero_masked_queries(out, mask).to(v.dtype)

@@ -99,16 +99,18 @@ def test_many_features_converge_to_exact_softmax(double_qk_scaling, scale, toler
     assert (out.double() - expected).abs().max() < tolerance
 
 
-def test_linear_form_equals_the_dense_feature_attention_and_padding_equals_truncation():
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_linear_form_equals_the_dense_feature_attention_and_padding_equals_truncation(value_dim):
     d = 8
     torch.manual_seed(0)
     attn = build(head_dim=d, num_features=32).eval()
-    q, k, v = qkv(2, 2, 10, d, qk_scale=1.0)
+    q, k, _ = qkv(2, 2, 10, d, qk_scale=1.0)
+    v = qkv(2, 2, 10, value_dim, seed=1)[2]
     # Dense reference: A = phi(Q) phi(K)^T, out = A V / A 1.
     phi_q = positive_random_features(q * d**-0.25, attn.projection, is_query=True, eps=attn.config.eps)
     phi_k = positive_random_features(k * d**-0.25, attn.projection, is_query=False, eps=attn.config.eps)
     weights = phi_q.double() @ phi_k.double().transpose(-1, -2)  # (b, h, n, n)
-    expected = weights @ v.double() / weights.sum(-1, keepdim=True)  # (b, h, n, d)
+    expected = weights @ v.double() / weights.sum(-1, keepdim=True)  # (b, h, n, dv)
     torch.testing.assert_close(attn(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
     # Padded keys leave both sums and the stabiliser: a padded sequence equals its real prefix alone.
     mask = torch.ones(2, 10, dtype=torch.bool)

@@ -72,15 +72,36 @@ def dense_yoso_e(q, k, v, mask, tau):
     return out * mask[:, None, :, None]
 
 
-def test_yoso_e_equals_the_dense_formula():
+@pytest.mark.parametrize("value_dim", [DIM, 2 * DIM], ids=["value-dim-equal", "value-dim-differs"])
+def test_yoso_e_equals_the_dense_formula(value_dim):
     torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 2, 50, DIM) for _ in range(3))
+    q, k = (torch.randn(3, 2, 50, DIM) for _ in range(2))
+    v = torch.randn(3, 2, 50, value_dim)
     mask = torch.rand(3, 50) < 0.7
     mask[1] = False
     for backward in ("lower_bound", "exact"):
         attn = attention_zoo.build("yoso", seq_len=64, num_heads=2, head_dim=DIM, expectation=True, backward=backward)
         assert attn.hash_bits == 6  # log2 of the padded length 64
         torch.testing.assert_close(attn(q, k, v, mask).double(), dense_yoso_e(q, k, v, mask, 6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backward", ["lower_bound", "exact"])
+def test_yoso_m_with_a_wider_value_dim_is_the_normalised_sum_of_its_parts(backward):
+    """Y = (1/m) sum_h B_h V is linear in V, and N-YOSO divides each row by its norm: with V' = [V, 2V]
+    and the same hashes, the output is [out, 2 out] / sqrt(5). Gradients flow to every input."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 40, DIM) for _ in range(3))
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False
+    attn = attention_zoo.build("yoso", seq_len=64, num_heads=2, head_dim=DIM, backward=backward)
+    torch.manual_seed(1)
+    out = attn(q, k, v, mask)
+    torch.manual_seed(1)
+    inputs = [q.clone().requires_grad_(), k.clone().requires_grad_(), torch.cat([v, 2 * v], -1).requires_grad_()]
+    wide = attn(*inputs, mask)
+    torch.testing.assert_close(wide, torch.cat([out, 2 * out], -1) / math.sqrt(5), rtol=1e-5, atol=1e-6)
+    (wide * torch.randn_like(wide)).sum().backward()  # rows are unit vectors: a plain square sum has no gradient
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in inputs)
 
 
 def test_yoso_e_exact_backward_passes_gradcheck_in_float64():
