@@ -14,6 +14,7 @@ cache without further flags). ``generate`` writes the official on-disk layout, w
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the generators' and the cache's progress lines
     try:
         args.run(args)
     except (FileNotFoundError, ValueError, cache.CacheError) as error:
