@@ -20,6 +20,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from . import results
@@ -37,7 +38,8 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         ledger = os.environ.get(LEDGER_ENV)
-        if ledger is None:  # a single run, or a job whose launcher did not pass the environment on
+        # Not a sweep's job: a single run, or one started by a job (Lightning's DDP processes inherit the variable).
+        if ledger is None or config.hydra.mode != RunMode.MULTIRUN:
             return
         line = json.dumps({"folder": str(config.hydra.runtime.output_dir), "overrides": list(job_return.overrides or [])})
         with open(ledger, "a") as file:  # one short append per job: safe beside concurrent jobs
@@ -47,7 +49,7 @@ class SweepSummary(Callback):
         ledger = os.environ.pop(LEDGER_ENV, None)
         if ledger is None:
             return
-        cells = [json.loads(line) for line in Path(ledger).read_text().splitlines() if line.strip()]
+        cells = list({cell["folder"]: cell for cell in map(json.loads, Path(ledger).read_text().splitlines())}.values())
         lines, failed = summary(cells)
         print("\n".join(lines), flush=True)
         if failed:
