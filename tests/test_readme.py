@@ -73,8 +73,12 @@ RULES = [
          why="two attentions at one small length"),
     Rule(r"^python -m lra\.bench approx --run .*<run>", append=("--help",),
          why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help"),
+    Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
     Rule(r"^python -m lra\.bench", why="as written"),
     Rule(r"^python -m yoso_cuda$", why="loads the kernels built before the tests (.ci/run builds them)"),
+    Rule(r"^python -m yoso_cuda --check$", why="every compiled op against the reference on this machine's devices"),
+    Rule(r"^python -m yoso_cuda\.emulator\.mutants", append=("--help",),
+         why="builds and tests 7 mutated copies of the CUDA kernels (about 10 minutes): its help"),
     Rule(r"^python -c ", why="as written"),
 ]
 
