@@ -50,6 +50,7 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -61,7 +62,7 @@ import zlib
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -69,6 +70,8 @@ from . import image, listops, retrieval, text
 from .cache import DOWNLOAD_RECORD, CacheError
 from .formats import LRA_RELEASE_URL
 from .tasks import TASKS, Resolved, prepare_task
+
+log = logging.getLogger(__name__)
 
 BASE_URL_ENV = "LRA_DOWNLOAD_BASE_URL"
 CHUNK_BYTES = 1 << 20
@@ -225,7 +228,7 @@ def _total_size(response: http.client.HTTPResponse, offset: int) -> int | None:
     return int(total) if total.isdigit() else None
 
 
-def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None:
+def fetch(url: str, target: Path) -> None:
     """Download ``url`` into ``target`` through ``target.part``, resuming with HTTP Range.
 
     Raises :class:`DownloadError` for an unreachable host, an HTTP error, a full disk, or a transfer
@@ -240,12 +243,12 @@ def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None
         except PartNotShorter as error:
             if error.total == offset:  # complete: an earlier run stopped before renaming it
                 break
-            log(f"{part} is longer than {url}: starting over")
+            log.info(f"{part} is longer than {url}: starting over")
             part.unlink()
             continue
         with response:
             if offset and response.status != 206:
-                log(f"{urllib.parse.urlsplit(url).netloc} does not resume downloads (no Range support): starting over")
+                log.info(f"{urllib.parse.urlsplit(url).netloc} does not resume downloads (no Range support): starting over")
                 offset = 0
             total = _total_size(response, offset)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +265,7 @@ def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None
                         f"are kept in {part}: run the same command again to resume"
                     ) from None
                 resumes += 1
-                log(f"The connection dropped after {human_bytes(received)} ({dropped}); resuming")
+                log.info(f"The connection dropped after {human_bytes(received)} ({dropped}); resuming")
             except OSError as error:
                 if error.errno != errno.ENOSPC:
                     raise
@@ -447,8 +450,6 @@ def unpack(
     path: Path,
     targets: dict[str, tuple[TaskFiles, Path]],
     record: dict[str, Any],
-    *,
-    log: Callable[[str], None] = print,
 ) -> None:
     """Unpack each task's files (``targets``: task -> (files, source folder)) from the archive ``path``.
 
@@ -491,7 +492,7 @@ def unpack(
             (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
             os.rename(staging, targets[task][1])
             unpacked = True
-            log(f"{task}: unpacked {counts[task]} files of {files.root}/ into {targets[task][1]}")
+            log.info(f"{task}: unpacked {counts[task]} files of {files.root}/ into {targets[task][1]}")
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
@@ -525,7 +526,6 @@ def download_archive(
     base_url: str | None = None,
     sha256: str | None = None,
     md5: str | None = None,
-    log: Callable[[str], None] = print,
 ) -> dict[str, Resolved]:
     """Download, verify and unpack ``archive`` for the tasks in ``configs`` (task -> its
     ``task.data`` section) whose source folder is missing, then prepare every one of them."""
@@ -533,31 +533,31 @@ def download_archive(
     for task, data in configs.items():
         folder = Path(data["source_dir"])
         if folder.is_dir():
-            log(f"{task}: {folder} is already there, not downloading it again")
+            log.info(f"{task}: {folder} is already there, not downloading it again")
         else:
             targets[task] = (TASK_FILES[task], folder)
     if targets:
         path = downloads / archive.file
         url = archive_url(archive, base_url)
         if path.is_file():
-            log(f"Using {path}, downloaded earlier")
+            log.info(f"Using {path}, downloaded earlier")
             url = _archive_of(path, url)
         else:
-            log(f"Downloading {url}")
-            fetch(url, path, log=log)
+            log.info(f"Downloading {url}")
+            fetch(url, path)
             path.with_name(path.name + ".url").write_text(url + "\n")
         record = verify(archive, path, url, sha256=sha256, md5=md5)
-        unpack(path, targets, record, log=log)
+        unpack(path, targets, record)
     prepared = {}
     for task, data in configs.items():
         try:
-            prepared[task] = prepare_task(task, {**data, "source": "official"}, log=log)
+            prepared[task] = prepare_task(task, {**data, "source": "official"})
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
             raise DownloadError(f"{disk_full_message(Path(data['cache_dir']), None)}; nothing was prepared") from None
     if targets:
-        log(f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
+        log.info(f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
             "delete it when you do not need it")
     return prepared
 
@@ -569,7 +569,6 @@ def download_tasks(
     base_url: str | None = None,
     sha256: str | None = None,
     md5: str | None = None,
-    log: Callable[[str], None] = print,
 ) -> tuple[dict[str, Resolved], list[str]]:
     """Download and prepare the tasks of ``configs`` (task -> its ``task.data`` section), archive by
     archive; a failing archive does not stop the others. Returns the prepared tasks and one
@@ -589,7 +588,7 @@ def download_tasks(
     for source, tasks in groups.items():
         try:
             prepared.update(download_archive(
-                ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5, log=log
+                ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5
             ))
         except (DownloadError, FileNotFoundError, ValueError, CacheError) as error:  # readers name the file at fault
             errors.append(f"{', '.join(tasks)}: {error}")
