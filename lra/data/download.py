@@ -54,11 +54,11 @@ import logging
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
@@ -69,6 +69,7 @@ from tqdm import tqdm
 from . import image, listops, retrieval, text
 from .cache import DOWNLOAD_RECORD, CacheError
 from .formats import LRA_RELEASE_URL
+from .staging import staged_folder
 from .tasks import TASKS, Resolved, prepare_task
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,10 @@ class TaskFiles:
     @property
     def expected(self) -> tuple[str, ...]:
         return self.required or self.members
+
+    def present_in(self, folder: Path) -> bool:
+        """Whether ``folder`` holds every expected file (a concurrent download unpacked it first)."""
+        return all((folder / name).exists() for name in self.expected)
 
 
 # The release's folders are taken from lra_release/lra_release/, where LRA's own dataset_setup.sh
@@ -457,50 +462,48 @@ def unpack(
     destinations, renamed into place once the archive has been read to its end and every task's
     expected files are there.
     """
-    stagings: dict[str, tuple[TaskFiles, Path]] = {}
     created: list[Path] = []  # parent folders made here, removed again if nothing is unpacked
     unpacked = False
     try:
-        for task, (files, folder) in targets.items():
-            created += [parent for parent in reversed(folder.parents) if not parent.exists()]
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            stagings[task] = (files, Path(tempfile.mkdtemp(prefix=f".{folder.name}.unpacking-", dir=folder.parent)))
-        try:
-            counts, top_folders = read_members(path, stagings)
-        except Refused as refused:
-            rejected = set_aside(path)
-            raise DownloadError(
-                f"refused to unpack {path.name}: {refused}; the official archive has none, so this file is not it. "
-                f"Nothing was unpacked; the file is set aside as {rejected}"
-            ) from None
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # BadGzipFile is an OSError
-            rejected = set_aside(path)
-            raise DownloadError(
-                f"{path.name} is truncated or damaged ({type(error).__name__}: {error}). Nothing was unpacked; the "
-                f"file is set aside as {rejected}: run the command again to download it anew"
-            ) from None
-        for task, (files, staging) in stagings.items():
-            missing = [name for name in files.expected if not (staging / name).exists()]
-            if missing:
+        with ExitStack() as renamed_at_exit:  # every staging folder renamed into place, or none
+            stagings: dict[str, tuple[TaskFiles, Path]] = {}
+            for task, (files, folder) in targets.items():
+                created += [parent for parent in reversed(folder.parents) if not parent.exists()]
+                staging = renamed_at_exit.enter_context(staged_folder(folder, complete=files.present_in))
+                stagings[task] = (files, staging)
+            try:
+                counts, top_folders = read_members(path, stagings)
+            except Refused as refused:
+                rejected = set_aside(path)
                 raise DownloadError(
-                    f"{path.name} does not hold the {task} files where the official archive has them: "
-                    f"{', '.join(missing)} missing under {files.root}/ (the archive's top folders: "
-                    f"{', '.join(sorted(top_folders)[:12])}). It is not the official archive, or its layout "
-                    f"changed. Nothing was unpacked; {path} is kept"
-                )
-        for task, (files, staging) in stagings.items():
-            (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
-            os.rename(staging, targets[task][1])
-            unpacked = True
-            log.info(f"{task}: unpacked {counts[task]} files of {files.root}/ into {targets[task][1]}")
+                    f"refused to unpack {path.name}: {refused}; the official archive has none, so this file is not it. "
+                    f"Nothing was unpacked; the file is set aside as {rejected}"
+                ) from None
+            except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # BadGzipFile is an OSError
+                rejected = set_aside(path)
+                raise DownloadError(
+                    f"{path.name} is truncated or damaged ({type(error).__name__}: {error}). Nothing was unpacked; the "
+                    f"file is set aside as {rejected}: run the command again to download it anew"
+                ) from None
+            for task, (files, staging) in stagings.items():
+                missing = [name for name in files.expected if not (staging / name).exists()]
+                if missing:
+                    raise DownloadError(
+                        f"{path.name} does not hold the {task} files where the official archive has them: "
+                        f"{', '.join(missing)} missing under {files.root}/ (the archive's top folders: "
+                        f"{', '.join(sorted(top_folders)[:12])}). It is not the official archive, or its layout "
+                        f"changed. Nothing was unpacked; {path} is kept"
+                    )
+                (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
+        unpacked = True
+        for task, (files, folder) in targets.items():
+            log.info(f"{task}: unpacked {counts[task]} files of {files.root}/ into {folder}")
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
         folder = next(iter(targets.values()))[1].parent
         raise DownloadError(f"{disk_full_message(folder, None)}. Nothing was unpacked; {path} is kept") from None
     finally:
-        for _, staging in stagings.values():
-            shutil.rmtree(staging, ignore_errors=True)
         if not unpacked:
             for parent in reversed(created):  # deepest first; a folder that is not empty stays
                 try:
