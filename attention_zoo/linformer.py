@@ -25,7 +25,7 @@ Choices, and where they differ from the originals:
   layer, shared by all heads (fairseq projects the layer input before splitting heads). That is the
   default here. ``share_kv`` is the paper's *key-value* sharing (F = E); ``share_heads=False`` gives
   every head its own projection, the paper's unshared form.
-- The Nystromformer/YOSO LRA tables (``conf/attention/linformer.yaml``) ran Linformer with one
+- The Nystromformer/YOSO LRA tables (the preset ``linformer_lra``) ran Linformer with one
   (heads, k, N) tensor used for both K and V (``share_heads=False, share_kv=True``), N(0, 0.02) init
   (``init="normal"``), no attention dropout, and shared across *all layers* as a class attribute.
   Layerwise sharing cannot be expressed by a per-module registry (each built module owns its

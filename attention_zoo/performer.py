@@ -56,8 +56,8 @@ Choices where the sources differ or are silent:
   uses 1e-4). The stabiliser's max is differentiated through, as in the authors' JAX code (lucidrains
   detaches it); it matters only through eps.
 
-The Nystromformer/YOSO LRA tables (the YOSO paper's Table 3 row "performer", conf/attention/
-performer.yaml) ran lucidrains' ``FastAttention(nb_features=256)``: the FAVOR+ softmax kernel
+The Nystromformer/YOSO LRA tables (the YOSO paper's Table 3 row "performer", the preset
+``performer_lra``) ran lucidrains' ``FastAttention(nb_features=256)``: the FAVOR+ softmax kernel
 despite its "relu" label, with features drawn once and never redrawn (``redraw_interval=None``),
 q and k pre-scaled by d^-1/4 before FAVOR+ scales them again, an effective kernel exp(q.k / d)
 (``double_qk_scaling=True``), and eps = 1e-4. That wrapper also zeroed padded keys instead of
