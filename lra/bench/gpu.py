@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from lra import config
-from lra.bench.output import RESULTS
+from lra.bench.output import RESULTS, write_csv
 from lra.results import git_commit
 from yoso_cuda.build import cuda_toolkit
 
@@ -212,10 +212,7 @@ def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
         found = sorted(train_dir.glob(f"*/{preset}/**/results.json"))
         record = json.loads(found[-1].read_text()) if found else {"status": "missing"}
         rows.append({"attention_preset": preset, **{key: record.get(key, "") for key in TRAIN_FIELDS[1:]}})
-    with open(out / "train_presets_cuda.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=TRAIN_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, out / "train_presets_cuda.csv", TRAIN_FIELDS)
     figures = [f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "
                f"{r['peak_memory_mb']} MB" + (f", error: {str(r['error'])[:200]}" if r["error"] else "") for r in rows]
     return figures, all(r["status"] == "finished" for r in rows)
