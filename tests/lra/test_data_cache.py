@@ -1,7 +1,7 @@
 """The prepared-data cache, source resolution, the dataset rows and ``python -m lra.data``."""
 
-import logging
 import json
+import logging
 import os
 import subprocess
 import sys

@@ -19,12 +19,12 @@ import types
 import numpy as np
 import pytest
 from PIL import Image
+from test_data_cache import write_listops_release
+from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 from lra.data import download, image, listops, pathfinder, retrieval, text
 from lra.data.__main__ import main, task_data_config
 from lra.data.tasks import load_task, resolve
-from test_data_cache import write_listops_release
-from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 RELEASE = "lra_release.gz"
 IMDB = "aclImdb_v1.tar.gz"
