@@ -85,7 +85,11 @@ DEFAULT_HASH_BITS = 8  # tau for random vectors and for models whose attention i
 FORWARD_BATCH = 8  # test samples per forward pass while capturing
 
 
-class NotEnoughTokens(ValueError):
+class UnusableRun(ValueError):
+    """The run cannot give the Q, K, V asked for; the message says why and what to do."""
+
+
+class NotEnoughTokens(UnusableRun):
     """The run's test split holds fewer real tokens than the requested windows need."""
 
 
@@ -218,7 +222,13 @@ def trained_vectors(
     record = read_run(run_dir)
     if checkpoint is None:
         checkpoint = best_checkpoint(run_dir, record)
-    module = LRAClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    try:
+        module = LRAClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    except TypeError as error:  # no task, length, model or attention among its hyperparameters
+        raise UnusableRun(
+            f"{checkpoint} does not hold the model's settings ({error}); it was written by an older version of "
+            "`python -m lra.train`: train the run again"
+        ) from None
     encoder = module.model.encoder.to(device)
     spec = get_spec(module.hparams.task)
     splits, _ = cache.load(data_cache_folder(run_dir, record))
@@ -387,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.run if args.run is not None else args.checkpoint.parent
             run_dir = run_dir.parent if run_dir.name == "checkpoints" else run_dir
             vectors = trained_vectors(run_dir, args.checkpoint, max(lengths), args.samples, device)
-    except (FileNotFoundError, NotEnoughTokens) as error:
+    except (FileNotFoundError, UnusableRun) as error:
         parser.error(str(error))
     hash_bits = args.hash_bits or vectors.model_hash_bits or DEFAULT_HASH_BITS
     layers, _, heads, _, dim = vectors.queries.shape

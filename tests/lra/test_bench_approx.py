@@ -151,3 +151,15 @@ def test_too_few_test_tokens_for_the_longest_length_is_an_error_with_the_count(t
     error = capsys.readouterr().err
     assert "real tokens in its 30 samples, fewer than the 4096 needed" in error and "smaller --lengths" in error
     assert not (tmp_path / "res").exists()
+
+
+def test_a_checkpoint_without_the_model_settings_is_named(trained_run, tmp_path, capsys):
+    run, _, _ = trained_run
+    path = run / "checkpoints" / "best-step4.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    del checkpoint["hyper_parameters"]
+    torch.save(checkpoint, path)
+    with pytest.raises(SystemExit) as exit_info:
+        approx.main(["--run", str(run), "--lengths", "16", "--out", str(tmp_path / "res")])
+    assert exit_info.value.code == 2
+    assert "does not hold the model's settings" in capsys.readouterr().err
