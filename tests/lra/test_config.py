@@ -89,3 +89,14 @@ def test_the_task_constants_are_the_codes_and_not_repeated_in_the_config():
     for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx"):
         cfg = composed(f"task={task}")
         assert not {"vocab_size", "num_classes"} & set(cfg.task), task
+
+
+def test_a_row_selects_a_preset_and_may_override_some_of_its_values(tmp_path):
+    """A user's conf/attention/<row>.yaml: the preset's every hyperparameter, its own values on top."""
+    (tmp_path / "attention").mkdir()
+    (tmp_path / "attention" / "yoso_64.yaml").write_text(
+        "defaults:\n  - /attention_zoo@_here_: yoso_32\nhparams:\n  num_hashes: 64\n"
+    )
+    cfg = composed(f"hydra.searchpath=[file://{tmp_path}]", "attention=yoso_64")
+    expected = dict(attention_zoo.presets()["yoso_32"].hparams, num_hashes=64)
+    assert cfg.attention.name == "yoso" and OmegaConf.to_container(cfg.attention.hparams) == expected
