@@ -56,10 +56,16 @@ def unavailable() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free now (all held at once while they are picked)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 class ClusterError(RuntimeError):
@@ -114,7 +120,7 @@ class SlurmCluster:
         )
         self._wait_for("mariadbd's socket", self.mysql_socket.exists)
 
-        dbd_port, ctld_port, slurmd_port = free_port(), free_port(), free_port()
+        dbd_port, ctld_port, slurmd_port = free_ports(3)
         host = socket.gethostname().split(".")[0]
         (self.root / "slurmdbd.conf").write_text(self._slurmdbd_conf(dbd_port))
         (self.root / "slurmdbd.conf").chmod(0o600)  # slurmdbd refuses a config others can read
