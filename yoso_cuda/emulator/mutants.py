@@ -3,7 +3,8 @@
 ``python -m yoso_cuda.emulator.mutants [--only NAME ...] [--out FILE]`` writes each mutant's copy of
 ``csrc/cuda/yoso_cuda.cu`` into a temporary folder, runs ``tests/yoso_cuda/test_emulated_cuda.py``
 against it (``YOSO_EMULATOR_SOURCE``), and, if that passes, the same tests on the sanitized build.
-A mutant is caught when a run fails; the table says which test failed first and why. Each
+A mutant is caught when a run fails; the table says which test failed first and why. The copies
+live in torch's extensions folder (``yoso_mutants/``), so a second run reuses their builds. Each
 mutation replaces one exact snippet of the source, so a change to the kernels that removes the
 snippet fails here loudly rather than testing nothing. Exit status 1 if any mutant survives.
 """
@@ -15,10 +16,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from torch.utils import cpp_extension
 
 from . import CUDA_SOURCE, sanitizer_preload
 
@@ -122,25 +124,27 @@ def main(argv: list[str] | None = None) -> int:
     source = CUDA_SOURCE.read_text()
     rows = ["| mutant | bug | caught by | first failure | seconds |", "| --- | --- | --- | --- | --- |"]
     survivors = []
-    with tempfile.TemporaryDirectory(prefix="yoso-mutants-") as folder:
-        for mutant in MUTANTS:
-            if args.only and mutant.name not in args.only:
-                continue
-            path = Path(folder) / mutant.name / CUDA_SOURCE.name
-            path.parent.mkdir()
-            path.write_text(mutate(source, mutant))
-            caught_by, failure, seconds = "nothing", "", 0.0
-            for sanitize in (False, True):
-                caught, failure, elapsed = run_suite(path, sanitize)
-                seconds += elapsed
-                if caught:
-                    caught_by = "sanitized suite" if sanitize else "emulated suite"
-                    break
-            if caught_by == "nothing":
-                survivors.append(mutant.name)
-            row = f"| `{mutant.name}` | {mutant.bug} | {caught_by} | {failure.replace('|', '/')} | {seconds:.0f} |"
-            rows.append(row)
-            print(row, flush=True)
+    folder = Path(cpp_extension.get_default_build_root()) / "yoso_mutants"
+    for mutant in MUTANTS:
+        if args.only and mutant.name not in args.only:
+            continue
+        path = folder / mutant.name / CUDA_SOURCE.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = mutate(source, mutant)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        caught_by, failure, seconds = "nothing", "", 0.0
+        for sanitize in (False, True):
+            caught, failure, elapsed = run_suite(path, sanitize)
+            seconds += elapsed
+            if caught:
+                caught_by = "sanitized suite" if sanitize else "emulated suite"
+                break
+        if caught_by == "nothing":
+            survivors.append(mutant.name)
+        row = f"| `{mutant.name}` | {mutant.bug} | {caught_by} | {failure.replace('|', '/')} | {seconds:.0f} |"
+        rows.append(row)
+        print(row, flush=True)
     table = "\n".join(rows)
     if args.out:
         args.out.write_text(table + "\n")
