@@ -97,6 +97,8 @@ def test_a_sweep_runs_one_slurm_job_per_cell(slurm, data_dir, tmp_path, tiny_ove
     finished = records(outputs)
     assert sorted(r["attention"] for r in finished) == ["none", "softmax"], report(slurm, outputs, sweep)
     assert all(r["status"] == "finished" and r["steps"] == 6 for r in finished), report(slurm, outputs, sweep)
+    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 2 finished, 0 not finished"):]
+    assert all(str(path.parent) in summary for path in outputs.rglob("results.json")), summary
     # Each cell was a job of one array (<array>_0, <array>_1) that the cluster accounted as
     # completed, and submitit followed them through sacct without a warning.
     first_jobs = job_ids(outputs)
@@ -104,16 +106,22 @@ def test_a_sweep_runs_one_slurm_job_per_cell(slurm, data_dir, tmp_path, tiny_ove
     assert not [w for w in SACCT_WARNINGS if w in sweep.stdout + sweep.stderr], sweep.stderr[-3000:]
 
     # The softmax cell again, beside one whose data is missing: the finished cell is skipped, the
-    # other fails inside its job and is recorded as failed.
+    # other fails inside its job, is recorded as failed, and the sweep says so and exits 1.
     softmax = next(outputs.glob("listops/softmax/*/results.json"))
     finished_record = softmax.read_text()
     sweep = lra_train(slurm, data_dir, outputs, *tiny_overrides, "task.data.source=generated,official", "attention=softmax")
+    assert sweep.returncode == 1, report(slurm, outputs, sweep)
     jobs = [job for job in job_ids(outputs) if job not in first_jobs]
     assert len(jobs) == 2 and sorted(accounted_jobs(slurm, jobs)) == [(job, "COMPLETED") for job in jobs], report(slurm, outputs, sweep)
     assert softmax.read_text() == finished_record
     assert any("Skipping" in path.read_text() for path in outputs.glob(f".submitit/{jobs[0]}/*_log.*")), report(slurm, outputs, sweep)
-    (failed,) = [r for r in records(outputs) if r["status"] != "finished"]
-    assert failed["status"] == "failed" and "ListOps data not found" in failed["error"], report(slurm, outputs, sweep)
+    (failed,) = [path for path in outputs.rglob("results.json") if json.loads(path.read_text())["status"] != "finished"]
+    error = json.loads(failed.read_text())["error"]
+    assert error.startswith("FileNotFoundError: ListOps data not found in"), report(slurm, outputs, sweep)
+    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished"):]
+    assert "finished  listops / softmax / seed 0" in summary and str(softmax.parent) in summary, summary
+    assert f"failed    listops / softmax / seed 0  {error.splitlines()[0][:160]}" in summary, summary
+    assert str(failed.parent) in summary, summary
     assert not [w for w in SACCT_WARNINGS if w in sweep.stdout + sweep.stderr], sweep.stderr[-3000:]
 
 
@@ -128,6 +136,7 @@ def test_ddp_inside_one_slurm_job_gives_the_single_process_result(slurm, data_di
     assert sweep.returncode == 0, report(slurm, outputs, sweep)
     (record,) = records(outputs)
     assert record["status"] == "finished" and record["processes"] == 2 and record["steps"] == 6, report(slurm, outputs, sweep)
+    assert "Sweep: 1 cells, 1 finished, 0 not finished" in sweep.stdout, "the two tasks are one cell"
     # One job whose step ran two tasks on the node: Lightning took its two ranks from SLURM.
     (job,) = job_ids(outputs)
     assert accounted_jobs(slurm, [job]) == [(job, "COMPLETED")]
@@ -188,8 +197,13 @@ def test_a_requeued_cell_resumes_from_its_last_checkpoint(slurm, data_dir, tmp_p
     assert Path(record["resumed_from"]) == checkpoint
     # The job ran twice: the first run was requeued, the second completed.
     assert accounted_jobs(slurm, [job_id], "--duplicates") == [(job_id, "REQUEUED"), (job_id, "COMPLETED")]
-    # The second run started at the checkpoint's step: it logged no earlier step (Lightning logs
-    # the batch that leads to global step s + 1 as step s).
+    # metrics.csv keeps what the first run logged before its checkpoint, and the second run logged
+    # no step before it (Lightning logs the batch that leads to global step s + 1 as step s, and the
+    # evaluation after it too): every evaluation and every 5th training step once, none lost.
     after = metrics_rows(run_folder)
-    resumed = [row for row in after if row not in before]
-    assert resumed and min(int(row["step"]) for row in resumed) >= interrupted_at, report(slurm, outputs, finished)
+    kept = [row for row in before if int(row["step"]) < interrupted_at]
+    # (the finished run's file has the test's columns as well, empty in these rows)
+    assert kept and [{key: row[key] for key in kept[0]} for row in after[: len(kept)]] == kept, report(slurm, outputs, finished)
+    assert all(int(row["step"]) >= interrupted_at for row in after[len(kept):])
+    for metric in ("train/loss", "val/acc"):
+        assert [int(row["step"]) for row in after if row[metric]] == list(range(4, steps, 5)), metric
