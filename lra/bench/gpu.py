@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench gpu", description=__doc__.split("\n\n")[0])
     names = list(plan(RESULTS, RESULTS))
     parser.add_argument("--steps", default=",".join(names), help=f"comma-separated, in any order (run in this order): {','.join(names)}")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results and the summary (default: results/)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)")
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
