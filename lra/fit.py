@@ -9,7 +9,6 @@ logger from ``conf/logger``; the protocol adds the number of steps and the evalu
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,7 +102,10 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, wo
         max_steps=protocol.max_steps,
         val_check_interval=protocol.val_check_interval,
         check_val_every_n_epoch=None,
-        limit_val_batches=math.ceil(protocol.limit_val_batches / world_size),
+        # Batches are global (each process reads its share of each, see LRADataModule), so a DDP
+        # run evaluates on the samples the single-process run does.
+        limit_val_batches=protocol.limit_val_batches,
+        use_distributed_sampler=False,
         callbacks=callbacks,
         logger=logger,
         log_every_n_steps=min(50, protocol.val_check_interval),

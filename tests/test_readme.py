@@ -80,6 +80,11 @@ RULES = [
     Rule(r"^python -m yoso_cuda\.emulator\.mutants", append=("--help",),
          why="builds and tests 7 mutated copies of the CUDA kernels (about 10 minutes): its help"),
     Rule(r"^python -c ", why="as written"),
+    Rule(r"^sudo apt-get install ", not_run="installs system packages; .ci/run installs the SLURM test cluster's"),
+    Rule(r"^sudo python3 tests/lra/slurm_cluster\.py$",
+         not_run="a SLURM cluster that runs until Ctrl-C; tests/lra/test_slurm.py starts the same one"),
+    Rule(r"^export SLURM_CONF=", not_run="points at the cluster started above"),
+    Rule(r"^sacct ", not_run="reads the cluster started above"),
 ]
 
 
