@@ -36,40 +36,22 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
+from . import paper
 from .results import RESULTS_FILE
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
 #: Table 3 of the YOSO paper (ICML 2021): test accuracy (%) per row (our preset names) and task.
-PAPER_TABLE3: dict[str, dict[str, float]] = {
-    "none": dict(listops=19.20, text=61.11, retrieval=74.78, image=33.86, pathfinder=66.51),
-    "softmax": dict(listops=37.10, text=65.02, retrieval=79.35, image=38.20, pathfinder=74.16),
-    "yoso_e": dict(listops=37.30, text=64.71, retrieval=81.16, image=39.78, pathfinder=72.90),
-    "nystromformer": dict(listops=37.15, text=65.52, retrieval=79.56, image=41.58, pathfinder=70.94),
-    "longformer": dict(listops=37.20, text=64.60, retrieval=80.97, image=39.06, pathfinder=73.01),
-    "linformer": dict(listops=37.25, text=55.91, retrieval=79.37, image=37.84, pathfinder=67.60),
-    "reformer": dict(listops=19.05, text=64.88, retrieval=78.64, image=43.29, pathfinder=69.36),
-    "performer": dict(listops=18.80, text=63.81, retrieval=78.62, image=37.07, pathfinder=69.87),
-    "yoso_32": dict(listops=37.25, text=63.12, retrieval=78.69, image=40.21, pathfinder=72.33),
-    "yoso_c_16": dict(listops=37.40, text=64.28, retrieval=77.61, image=44.67, pathfinder=71.86),
-    "yoso_star_16": dict(listops=37.20, text=62.97, retrieval=79.02, image=40.50, pathfinder=72.05),
-    "yoso_star_c_16": dict(listops=37.35, text=65.89, retrieval=78.80, image=45.93, pathfinder=71.39),
-}
-PAPER_ROWS = tuple(PAPER_TABLE3)
-PAPER_LABELS = {
-    "none": "none", "softmax": "softmax", "yoso_e": "yoso-e", "nystromformer": "nystromformer",
-    "longformer": "longformer", "linformer": "linformer", "reformer": "reformer", "performer": "performer",
-    "yoso_32": "yoso-32", "yoso_c_16": "yoso-C-16", "yoso_star_16": "*yoso-16", "yoso_star_c_16": "*yoso-C-16",
-}
+PAPER_TABLE3: dict[str, dict[str, float]] = {row.preset: row.accuracy for row in paper.TABLE3}
+PAPER_LABELS = {row.preset: row.label for row in paper.TABLE3}
 # Paths differ per machine and mean nothing in a committed record.
 MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
 # The parts of a record that configure a run (flattened into the keys a cell must agree on).
@@ -224,19 +206,21 @@ class Section:
 @cache
 def paper_setup(task: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The paper's protocol and model for ``task`` as ``experiment=paper`` composes them."""
-    if not (CONF_DIR / "task" / f"{task}.yaml").is_file():
-        return None
-    from hydra import compose, initialize_config_dir
+    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    from . import config
+
+    try:
+        cfg = config.compose([f"task={task}", "experiment=paper"])
+    except MissingConfigException:  # a task this version has no config for
+        return None
     return OmegaConf.to_container(cfg.task.protocol), OmegaConf.to_container(cfg.model)
 
 
 def row_order(label: str) -> tuple[int, str]:
     base = label.split(" ")[0]
-    return (PAPER_ROWS.index(base) if base in PAPER_ROWS else len(PAPER_ROWS), label)
+    return (paper.ROWS.index(base) if base in paper.ROWS else len(paper.ROWS), label)
 
 
 def build_sections(records: list[dict[str, Any]]) -> list[Section]:
@@ -261,7 +245,7 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
     sections: dict[tuple, Section] = {}
     latest = finished.sort_values("finished_at").groupby(["setting", "data_source", "seed"], sort=False)
     pooled: dict[tuple, dict[tuple, list[int]]] = {}  # section -> (row, task) -> indices of pooled runs
-    for (setting, data_source, seed), group in latest:
+    for (_setting, _data_source, seed), group in latest:
         keep = group.index[-1]
         key = section_key(keep)
         section = sections.setdefault(key, Section(*key))
@@ -282,7 +266,8 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
             for (setting, data_source), members in variants.items():
                 label = row
                 if len(variants) > 1:
-                    others = [json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)]
+                    others = [json.loads(s) | {"data_source": json.dumps(d)}
+                              for s, d in variants if (s, d) != (setting, data_source)]
                     mine = json.loads(setting) | {"data_source": json.dumps(data_source)}
                     diff = sorted(k for k in mine if any(o.get(k) != mine[k] for o in others))
                     label = f"{row} ({', '.join(f'{k}={json.loads(mine[k])}' for k in diff)})"

@@ -158,10 +158,9 @@ def test_readme_command(command, workspace):
 
 def compose_config(overrides: list[str]) -> None:
     """Compose ``overrides`` as ``python -m lra.train`` would, hydra's own settings included."""
-    from hydra import compose, initialize_config_dir
+    from lra import config
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        compose("config", overrides=overrides, return_hydra_config=True)
+    config.compose(overrides, return_hydra_config=True)
 
 
 def test_sweep_lists_cover_every_value():

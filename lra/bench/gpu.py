@@ -17,7 +17,7 @@ step that fails:
               each preset on the smoke ListOps (generated), outputs in a fresh folder
 ============  ================================================================================
 
-It writes into ``--out`` (default ``results/``): ``kernels_cuda.{csv,png}``,
+It writes into ``--out`` (default ``results/`` of the current folder): ``kernels_cuda.{csv,png}``,
 ``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, each step's full output in
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
@@ -48,16 +48,16 @@ from pathlib import Path
 
 import torch
 
+from lra import config
+from lra.bench.output import RESULTS, write_csv
 from lra.results import git_commit
 from yoso_cuda.build import cuda_toolkit
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
-PRESETS = ROOT / "conf" / "attention"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
 SUMMARY = "gpu_validation_cuda"
 CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
 TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a few steps
-    "trainer=gpu", "trainer.progress_bar=false",
+    "trainer=gpu", "trainer.enable_progress_bar=false",
     "task.protocol.max_steps=60", "task.protocol.warmup_steps=6", "task.protocol.val_check_interval=30",
     "task.protocol.limit_val_batches=4",
 ]
@@ -90,7 +90,7 @@ def compute_sanitizer() -> str | None:
 
 
 def preset_names() -> list[str]:
-    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
+    return config.attention_rows()
 
 
 def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter: str | None = None) -> dict[str, Step]:
@@ -212,10 +212,7 @@ def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
         found = sorted(train_dir.glob(f"*/{preset}/**/results.json"))
         record = json.loads(found[-1].read_text()) if found else {"status": "missing"}
         rows.append({"attention_preset": preset, **{key: record.get(key, "") for key in TRAIN_FIELDS[1:]}})
-    with open(out / "train_presets_cuda.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=TRAIN_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, out / "train_presets_cuda.csv", TRAIN_FIELDS)
     figures = [f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "
                f"{r['peak_memory_mb']} MB" + (f", error: {str(r['error'])[:200]}" if r["error"] else "") for r in rows]
     return figures, all(r["status"] == "finished" for r in rows)
@@ -303,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench gpu", description=__doc__.split("\n\n")[0])
     names = list(plan(RESULTS, RESULTS))
     parser.add_argument("--steps", default=",".join(names), help=f"comma-separated, in any order (run in this order): {','.join(names)}")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results and the summary (default: results/)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for the results and the summary (default: results/ in the current folder)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)")
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not chosen:
         parser.error(f"unknown step(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(names)}")
     out = args.out.resolve()
-    train_dir = ROOT / "outputs" / "gpu_validation" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    train_dir = Path("outputs", "gpu_validation", datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
     steps = [step for name, step in plan(out, train_dir, args.timeout, args.pytest_filter).items() if name in chosen]
     if args.dry_run:
         for step in steps:

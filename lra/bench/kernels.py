@@ -22,22 +22,20 @@ head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log p
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import attention_zoo
-from lra.bench.measure import MemoryMeter, synchronize
-from lra.results import device_name
 import yoso_cuda
+from lra.bench.measure import MemoryMeter, synchronize, time_calls
+from lra.bench.output import RESULTS, write_csv
+from lra.results import device_name
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
 FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
 
 
@@ -60,12 +58,7 @@ def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
     synchronize(device)
     meter = MemoryMeter(device)
     meter.reset_peak()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
+    times = time_calls(run, device, repeats)
     return statistics.median(times), meter.peak_above_baseline()
 
 
@@ -113,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-max-length", type=int, default=8192,
                         help="longest length the slow pure-PyTorch reference runs at (default: 8192)")
     parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for kernels_<device>.csv and .png (default: the repository's results/)")
+                        help="folder for kernels_<device>.csv and .png (default: results/ in the current folder)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
@@ -150,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append(row)
                         print(f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<18} {row['pass']:<16} "
                               f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}", flush=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, path, FIELDS)
     plot(rows, args.out / f"kernels_{device.type}.png", f"{device_name(device)}, torch {torch.__version__}")
     print(f"wrote {path} ({platform.node()})")
     return 0

@@ -21,27 +21,26 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import cache
 from .download import BASE_URL_ENV, DownloadError, download_tasks, human_bytes
 from .tasks import TASKS, prepare_task
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 def task_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
-    """The config training composes for ``task`` under the paper's protocol, resolved, with
-    ``paths.data_dir`` set to ``data_dir`` when given (as ``LRA_DATA_DIR=DIR`` would)."""
-    from hydra import compose, initialize_config_dir
+    """The ``task`` and ``paths`` sections training composes for ``task`` under the paper's protocol,
+    resolved, with ``paths.data_dir`` set to ``data_dir`` when given (as ``LRA_DATA_DIR=DIR`` would)."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    from .. import config
+
+    cfg = config.compose([f"task={task}", "experiment=paper"])
     if data_dir is not None:
         cfg.paths.data_dir = str(data_dir)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return {part: OmegaConf.to_container(cfg[part], resolve=True) for part in ("task", "paths")}
 
 
 def task_data_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
@@ -207,7 +206,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the generators' and the cache's progress lines
+    # The library's progress lines (downloads, generators, the cache) on stdout, with the results.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         args.run(args)
     except (FileNotFoundError, ValueError, cache.CacheError, DownloadError) as error:

@@ -127,14 +127,14 @@ import logging
 import math
 import multiprocessing
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
+
+from .staging import staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class PathfinderConfig:
         need(self.max_image_retries >= 1, f"max_image_retries must be >= 1, got {self.max_image_retries}")
 
     @classmethod
-    def lra(cls, resolution: int = 32, contour_length: int = 14) -> "PathfinderConfig":
+    def lra(cls, resolution: int = 32, contour_length: int = 14) -> PathfinderConfig:
         """LRA's settings: resolution 32 is Pathfinder, 128 is Path-X; contour length 14 is "hard"."""
         if contour_length < 3:
             raise ValueError(f"contour_length must be >= 3 (distractor_length = contour_length // 3), "
@@ -633,7 +633,7 @@ def generate_sample(config: PathfinderConfig, seed: int, index: int) -> Sample:
     label = int(rng.integers(2))
     margin = int(config.paddle_margins[rng.integers(len(config.paddle_margins))])
     builder = _Builder(config, rng, margin)
-    for attempt in range(1, config.max_image_retries + 1):
+    for attempt in range(1, config.max_image_retries + 1):  # noqa: B007 (the sample records its attempts)
         targets = builder.target_snakes()
         if targets is not None:
             break
@@ -703,9 +703,11 @@ def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: 
 def _write_dataset(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int,
                    workers: int | None, progress: bool) -> Path:
     """Generate into a temporary sibling of ``folder`` and rename it into place."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+
+    def complete(done: Path) -> bool:  # a concurrent run of the same dataset renamed its copy first
+        return is_complete(done, config, num_samples, seed, images_per_folder)
+
+    with staged_folder(folder, complete=complete) as staging:
         num_folders = -(-num_samples // images_per_folder)
         for k in range(num_folders):
             (staging / "imgs" / str(k)).mkdir(parents=True)
@@ -735,14 +737,6 @@ def _write_dataset(folder: Path, config: PathfinderConfig, num_samples: int, see
             (staging / "metadata" / f"{k}.npy").write_text("".join(line + "\n" for line in lines))
         description = _description(config, num_samples, seed, images_per_folder)
         (staging / GENERATOR_JSON).write_text(json.dumps(description, indent=2) + "\n")
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            # Lost a race with a concurrent run of the same dataset: theirs is as good as ours.
-            if not is_complete(folder, config, num_samples, seed, images_per_folder):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 

@@ -18,7 +18,7 @@ TINY = [
     "task.protocol.warmup_steps=2",
     "task.protocol.val_check_interval=3",
     "task.protocol.limit_val_batches=2",
-    "trainer.progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lra.bench import approx
 from lra.data import cache
 from lra.data.tasks import prepare_task
-from lra.model import LRAClassifier, LRAEncoder
+from lra.module import LRAClassificationModule
 
 SEQ_LEN = 32  # the tiny model's length: its YOSO tau is ceil(log2 32) = 5
 MODEL = dict(
@@ -30,25 +30,25 @@ def read_rows(path):
 @pytest.fixture
 def trained_run(tmp_path, monkeypatch):
     """A run folder laid out as ``python -m lra.train`` leaves it, started from ``tmp_path``: results.json,
-    a Lightning-style best checkpoint of a small YOSO-E classifier, and a ListOps cache prepared by the
-    project's own generator and cache writer (``data_folder`` relative to the starting folder)."""
+    a Lightning checkpoint of a small YOSO-E classifier (its weights and hyperparameters, all that
+    ``load_from_checkpoint`` reads), and a ListOps cache prepared by the project's own generator and
+    cache writer (``data_folder`` relative to the starting folder)."""
     monkeypatch.chdir(tmp_path)
     data = {
         "source": "generated", "source_dir": "data/release", "cache_dir": "data/cache", "max_length": SEQ_LEN,
         "options": {}, "generated_dir": "data/generated",
         "generator": {"num_train": 1, "num_val": 1, "num_test": 30, "min_length": 8, "max_length": 30, "seed": 0},
     }
-    data_folder = prepare_task("listops", data, log=lambda _: None).folder
+    data_folder = prepare_task("listops", data).folder
     torch.manual_seed(0)
-    encoder = LRAEncoder(
-        vocab_size=16, seq_len=SEQ_LEN, attention="yoso", attention_hparams=HPARAMS,
-        **{key: value for key, value in MODEL.items() if key != "head_hidden_dim"},
-    )
-    classifier = LRAClassifier(10, encoder, hidden_dim=MODEL["head_hidden_dim"]).eval()
+    module = LRAClassificationModule("listops", SEQ_LEN, MODEL, {"name": "yoso", "hparams": HPARAMS},
+                                    warmup_steps=0, max_steps=10)
+    classifier = module.model.eval()
     run = tmp_path / "outputs" / "listops" / "yoso_e" / "seed=0"
     (run / "checkpoints").mkdir(parents=True)
-    state_dict = {f"model.{key}": value for key, value in classifier.state_dict().items()}
-    torch.save({"global_step": 4, "state_dict": state_dict}, run / "checkpoints" / "best-step4.ckpt")
+    checkpoint = {"global_step": 4, "state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                  "pytorch-lightning_version": "2.4.0"}
+    torch.save(checkpoint, run / "checkpoints" / "best-step4.ckpt")
     record = {
         "task": "listops", "attention": "yoso", "row": "yoso_e", "attention_hparams": HPARAMS, "model": MODEL,
         "data_folder": str(data_folder), "status": "finished",
@@ -151,3 +151,15 @@ def test_too_few_test_tokens_for_the_longest_length_is_an_error_with_the_count(t
     error = capsys.readouterr().err
     assert "real tokens in its 30 samples, fewer than the 4096 needed" in error and "smaller --lengths" in error
     assert not (tmp_path / "res").exists()
+
+
+def test_a_checkpoint_without_the_model_settings_is_named(trained_run, tmp_path, capsys):
+    run, _, _ = trained_run
+    path = run / "checkpoints" / "best-step4.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    del checkpoint["hyper_parameters"]
+    torch.save(checkpoint, path)
+    with pytest.raises(SystemExit) as exit_info:
+        approx.main(["--run", str(run), "--lengths", "16", "--out", str(tmp_path / "res")])
+    assert exit_info.value.code == 2
+    assert "does not hold the model's settings" in capsys.readouterr().err

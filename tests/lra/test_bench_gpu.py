@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from lra import config
 from lra.bench import gpu
 
 STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train"]
@@ -48,13 +48,12 @@ def test_without_a_gpu_it_refuses_clearly():
 
 
 def test_the_training_overrides_compose_with_every_preset():
-    with initialize_config_dir(config_dir=str(gpu.ROOT / "conf"), version_base=None):
-        for preset in gpu.preset_names():
-            cfg = compose("config", overrides=[f"attention={preset}", *gpu.TRAIN_OVERRIDES])
-            assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-            protocol = cfg.task.protocol
-            assert protocol.val_check_interval <= protocol.max_steps == 60 and protocol.warmup_steps >= 2
-            assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
+    for preset in gpu.preset_names():
+        cfg = config.compose([f"attention={preset}", *gpu.TRAIN_OVERRIDES])
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+        protocol = cfg.task.protocol
+        assert protocol.val_check_interval <= protocol.max_steps == 60 and protocol.warmup_steps >= 2
+        assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
 
 
 def test_a_step_that_fails_or_outlives_its_timeout_is_recorded_and_stopped(tmp_path):

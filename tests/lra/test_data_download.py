@@ -19,12 +19,12 @@ import types
 import numpy as np
 import pytest
 from PIL import Image
+from test_data_cache import write_listops_release
+from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 from lra.data import download, image, listops, pathfinder, retrieval, text
 from lra.data.__main__ import main, task_data_config
 from lra.data.tasks import load_task, resolve
-from test_data_cache import write_listops_release
-from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 RELEASE = "lra_release.gz"
 IMDB = "aclImdb_v1.tar.gz"
@@ -452,7 +452,7 @@ def test_training_finds_what_download_prepared(tmp_path, mirror, official):
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
     train = [sys.executable, "-m", "lra.train", "task=image", "task.protocol.batch_size=1", "task.protocol.max_steps=4",
              "task.protocol.warmup_steps=2", "task.protocol.val_check_interval=2", "task.protocol.limit_val_batches=1",
-             "trainer.progress_bar=false"]
+             "trainer.enable_progress_bar=false"]
     trained = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Preparing" not in trained.stdout + trained.stderr  # the cache download made, as it is

@@ -130,7 +130,7 @@ def test_ddp_inside_one_slurm_job_gives_the_single_process_result(slurm, data_di
     # Without dropout, whose masks each process draws for its own share of a batch, two processes
     # take the single-process run's steps (each reads its half of every batch; gradients are averaged).
     run = [*tiny_overrides, "model.dropout=0.0", "++attention.hparams.dropout=0.0"]
-    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "trainer.num_workers=0"]
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "num_workers=0"]
     outputs = tmp_path / "ddp"
     sweep = lra_train(slurm, data_dir, outputs, *run, *ddp, "hydra.launcher.tasks_per_node=2")
     assert sweep.returncode == 0, report(slurm, outputs, sweep)

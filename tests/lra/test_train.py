@@ -1,5 +1,6 @@
 """``python -m lra.train`` end to end, as a user runs it (a subprocess, Hydra command line)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -149,7 +150,7 @@ def test_a_shortened_run_adjusts_warmup_and_evaluation_and_says_so(tmp_path, run
 
 @pytest.mark.slow
 def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path, run_train):
-    process = run_train("attention=yoso_32", "trainer.progress_bar=true")
+    process = run_train("attention=yoso_32", "trainer.enable_progress_bar=true")
     console = process.stdout + process.stderr
     for noise in ("litlogger", "LeafSpec", "v_num", "No CUDA runtime", "Seed set"):
         assert noise not in console, noise
@@ -206,7 +207,7 @@ def train_log_evaluations(folder):
 @pytest.mark.slow
 def test_ddp_with_two_cpu_processes(tmp_path, run_train):
     run_train("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-              "trainer.num_workers=0")
+              "num_workers=0")
     (path,) = results_files(tmp_path)
     record = json.loads(path.read_text())
     assert record["status"] == "finished" and record["processes"] == 2 and record["steps"] == 6
@@ -221,3 +222,19 @@ def test_joblib_sweep_runs_cells_in_parallel_processes(tmp_path, run_train):
     assert sorted(r["attention"] for r in records) == ["none", "softmax"]
     assert all(r["status"] == "finished" for r in records)
     assert "Sweep: 2 cells, 2 finished, 0 not finished" in process.stdout, "the workers report to the summary"
+
+
+@pytest.mark.slow
+def test_the_tensorboard_logger_writes_event_files_in_the_run_folder(tmp_path, run_train):
+    run_train("logger=tensorboard")
+    (path,) = results_files(tmp_path)
+    assert json.loads(path.read_text())["status"] == "finished"
+    assert list((path.parent / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_a_logger_whose_package_is_missing_is_one_clear_message(tmp_path, run_train):
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here; the project does not require it, so CI has none")
+    process = run_train("logger=wandb", check=False)
+    assert_one_clear_message(process, "the logger (pytorch_lightning.loggers.WandbLogger) needs a package", "RuntimeError")
