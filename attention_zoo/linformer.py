@@ -113,8 +113,13 @@ class LinformerAttention(Attention):
 
 
 register_preset(
-    "linformer_lra", "linformer",
+    "linformer_lra",
+    "linformer",
     "k = 256 as the Nystromformer/YOSO LRA tables ran it: one per-head projection for K and V, N(0, 0.02), no "
     "attention dropout (layerwise sharing not reproduced)",
-    k=256, share_heads=False, share_kv=True, init="normal", dropout=0.0,
+    k=256,
+    share_heads=False,
+    share_kv=True,
+    init="normal",
+    dropout=0.0,
 )

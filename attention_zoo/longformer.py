@@ -140,8 +140,11 @@ class LongformerAttention(Attention):
 
 
 register_preset(
-    "longformer_lra", "longformer",
+    "longformer_lra",
+    "longformer",
     "the YOSO paper's Table 3 row: a 512-token window, the first token global (the authors' first_token_view), "
     "tied global projections",
-    window=512, num_global_tokens=1, dropout=0.1,
+    window=512,
+    num_global_tokens=1,
+    dropout=0.1,
 )

@@ -94,9 +94,7 @@ def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
     return torch.cat([long_means, short_means], dim=-2)  # (..., m, d)
 
 
-def iterative_pinv(
-    a: torch.Tensor, iterations: int = 6, init: Literal["per_matrix", "batch_max"] = "per_matrix"
-) -> torch.Tensor:
+def iterative_pinv(a: torch.Tensor, iterations: int = 6, init: Literal["per_matrix", "batch_max"] = "per_matrix") -> torch.Tensor:
     """Approximate the Moore-Penrose pseudo-inverse of each square matrix in ``a`` (..., m, m).
 
     Z_0 = A^T / (||A||_1 ||A||_inf) puts every nonzero singular value of A Z_0 in (0, 1], from where
@@ -161,7 +159,11 @@ class NystromformerAttention(Attention):
 
 
 register_preset(
-    "nystromformer_lra", "nystromformer",
+    "nystromformer_lra",
+    "nystromformer",
     "as in the YOSO paper's Table 3: 64 landmarks, a 33-tap convolution of V, the LRA code's batch-wide pinv start",
-    num_landmarks=64, pinv_iterations=6, pinv_init="batch_max", conv_kernel_size=33,
+    num_landmarks=64,
+    pinv_iterations=6,
+    pinv_init="batch_max",
+    conv_kernel_size=33,
 )

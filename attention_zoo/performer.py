@@ -190,8 +190,13 @@ class PerformerAttention(Attention):
 
 
 register_preset(
-    "performer_lra", "performer",
+    "performer_lra",
+    "performer",
     "the YOSO paper's Table 3 row (the Nystromformer/YOSO LRA code): the FAVOR+ softmax kernel, 256 features "
     "drawn once, q and k scaled by d^-1/4 twice, lucidrains' eps",
-    num_features=256, feature_norms="chi", redraw_interval=None, double_qk_scaling=True, eps=1e-4,
+    num_features=256,
+    feature_norms="chi",
+    redraw_interval=None,
+    double_qk_scaling=True,
+    eps=1e-4,
 )

@@ -90,9 +90,7 @@ class Attention(nn.Module):
         self.config = config
         self.in_float32 = self.float32
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 policy, in one place: cast to float32, autocast off, cast back; then masked rows are zeroed."""
         check_inputs(q, k, v, mask)
         if self.in_float32:
@@ -103,17 +101,13 @@ class Attention(nn.Module):
             out = self.attend(q, k, v, mask)
         return zero_masked_queries(out, mask)
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The algorithm on checked inputs (float32 when ``in_float32``); rows of masked queries may hold anything."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}" for f in dataclasses.fields(self.config))
-        return f"seq_len={self.seq_len}, num_heads={self.num_heads}, head_dim={self.head_dim}" + (
-            f", {fields}" if fields else ""
-        )
+        return f"seq_len={self.seq_len}, num_heads={self.num_heads}, head_dim={self.head_dim}" + (f", {fields}" if fields else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,9 +180,7 @@ def _resolve(name: str) -> tuple[str, dict[str, Any]]:
     names = [*_REGISTRY, *_PRESETS]
     close = difflib.get_close_matches(name, names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise KeyError(
-        f"unknown attention {name!r}.{hint} Available: {', '.join(available())}; presets: {', '.join(presets())}"
-    )
+    raise KeyError(f"unknown attention {name!r}.{hint} Available: {', '.join(available())}; presets: {', '.join(presets())}")
 
 
 def get_class(name: str) -> type[Attention]:

@@ -179,7 +179,14 @@ class YosoAttention(Attention):
         else:
             query_codes, key_codes = self.hash(queries.detach(), keys.detach())
             out = yoso_cuda.lsh_attention(
-                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward,
+                queries,
+                keys,
+                values,
+                folded_mask,
+                query_codes,
+                key_codes,
+                self.hash_bits,
+                self.config.backward,
                 self.config.backend,
             )
         out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
@@ -198,27 +205,54 @@ class YosoAttention(Attention):
 # The YOSO rows of the paper's Table 3. tau is log2 of the padded length (hash_bits=None).
 _TABLE3 = dict(hash_bits=None, hash_projection="hadamard")
 register_preset(
-    "yoso_e", "yoso",
+    "yoso_e",
+    "yoso",
     "YOSO-E (Table 3 'yoso-e'): the exact expectation, O(n^2), with the (tau/2) E surrogate backward of the "
     "official yoso_v1 YOSO-E",
-    num_hashes=32, backward="lower_bound", conv_window=None, expectation=True, **_TABLE3,
+    num_hashes=32,
+    backward="lower_bound",
+    conv_window=None,
+    expectation=True,
+    **_TABLE3,
 )
 register_preset(
-    "yoso_32", "yoso", "YOSO-32 (Table 3 'yoso-32'): 32 hashes, the (tau/2)-lower-bound backward",
-    num_hashes=32, backward="lower_bound", conv_window=None, expectation=False, **_TABLE3,
+    "yoso_32",
+    "yoso",
+    "YOSO-32 (Table 3 'yoso-32'): 32 hashes, the (tau/2)-lower-bound backward",
+    num_hashes=32,
+    backward="lower_bound",
+    conv_window=None,
+    expectation=False,
+    **_TABLE3,
 )
 register_preset(
-    "yoso_c_16", "yoso",
+    "yoso_c_16",
+    "yoso",
     "YOSO-C-16 (Table 3 'yoso-C-16'): 16 hashes plus a 33-wide per-head depthwise convolution of V (the width of "
     "the authors' efficiency scripts; the paper does not state the LRA width)",
-    num_hashes=16, backward="lower_bound", conv_window=33, expectation=False, **_TABLE3,
+    num_hashes=16,
+    backward="lower_bound",
+    conv_window=33,
+    expectation=False,
+    **_TABLE3,
 )
 register_preset(
-    "yoso_star_16", "yoso", "*YOSO-16 (Table 3 '*yoso-16'): 16 hashes, the exact-derivative backward on collided pairs",
-    num_hashes=16, backward="exact", conv_window=None, expectation=False, **_TABLE3,
+    "yoso_star_16",
+    "yoso",
+    "*YOSO-16 (Table 3 '*yoso-16'): 16 hashes, the exact-derivative backward on collided pairs",
+    num_hashes=16,
+    backward="exact",
+    conv_window=None,
+    expectation=False,
+    **_TABLE3,
 )
 register_preset(
-    "yoso_star_c_16", "yoso",
+    "yoso_star_c_16",
+    "yoso",
     "*YOSO-C-16 (Table 3 '*yoso-C-16'): 16 hashes, the exact-derivative backward, a 33-wide depthwise convolution of V",
-    num_hashes=16, backward="exact", conv_window=33, expectation=False, **_TABLE3,
+    num_hashes=16,
+    backward="exact",
+    conv_window=33,
+    expectation=False,
+    **_TABLE3,
 )

@@ -127,8 +127,11 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, wo
             return {}
         torch.distributed.destroy_process_group()
         trainer = pl.Trainer(
-            accelerator=cfg.trainer.accelerator, devices=[device.index] if device.type == "cuda" else 1,
-            precision=cfg.trainer.precision, logger=False, enable_progress_bar=cfg.trainer.enable_progress_bar,
+            accelerator=cfg.trainer.accelerator,
+            devices=[device.index] if device.type == "cuda" else 1,
+            precision=cfg.trainer.precision,
+            logger=False,
+            enable_progress_bar=cfg.trainer.enable_progress_bar,
         )
     with without_known_warnings():
         test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path, verbose=False)[0]

@@ -110,9 +110,7 @@ class LRAEncoder(nn.Module):
     def token_features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions."""
         if input_ids.dim() != 2 or input_ids.shape[1] > self.seq_len:
-            raise ValueError(
-                f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}"
-            )
+            raise ValueError(f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}")
         mask = input_ids != 0  # (b, n)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))  # (b, n, dim)

@@ -53,17 +53,16 @@ class LRAModule(pl.LightningModule):
                 f"need warmup_steps = 0 or 2 <= warmup_steps < max_steps (OneCycleLR divides by warmup_steps - 1), "
                 f"got warmup_steps={warmup_steps}, max_steps={max_steps}"
             )
-        self.save_hyperparameters("task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps",
-                                  "weight_decay", "eps")
+        self.save_hyperparameters(
+            "task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps", "weight_decay", "eps"
+        )
         self.spec = get_spec(task)
         self.model_config = ModelConfig.from_dict(model)
         self.attention_config = AttentionConfig(**attention)
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = torch.optim.AdamW(
-            self.parameters(), lr=hp.lr, betas=(0.9, 0.999), eps=hp.eps, weight_decay=hp.weight_decay
-        )
+        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=(0.9, 0.999), eps=hp.eps, weight_decay=hp.weight_decay)
         schedule = torch.optim.lr_scheduler.OneCycleLR(
             optimizer,
             max_lr=hp.lr,

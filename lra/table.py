@@ -122,18 +122,25 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     for record in records:
         config = settings(record)
         finished = record.get("status") == "finished"
-        rows.append({
-            "task": record["task"], "row": record["row"], "seed": record["seed"],
-            "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
-            "status": record.get("status", "unknown"), "error": record.get("error") or "",
-            "finished_at": record.get("finished_at") or "", "config_hash": record["config_hash"],
-            "setting": json.dumps(config, sort_keys=True),
-            # A finished run also says which data it used (source=auto resolves to one of two).
-            "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
-            "accuracy": 100 * record["test_acc"] if finished else math.nan,
-            "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
-            "model": record.get("model"), "protocol_fields": record.get("protocol"),
-        })
+        rows.append(
+            {
+                "task": record["task"],
+                "row": record["row"],
+                "seed": record["seed"],
+                "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
+                "status": record.get("status", "unknown"),
+                "error": record.get("error") or "",
+                "finished_at": record.get("finished_at") or "",
+                "config_hash": record["config_hash"],
+                "setting": json.dumps(config, sort_keys=True),
+                # A finished run also says which data it used (source=auto resolves to one of two).
+                "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
+                "accuracy": 100 * record["test_acc"] if finished else math.nan,
+                "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
+                "model": record.get("model"),
+                "protocol_fields": record.get("protocol"),
+            }
+        )
     runs = pd.DataFrame(rows)
     # The same run found twice (outputs/ and results/runs/) is one record.
     return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
@@ -234,8 +241,9 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
     for (protocol, task), group in runs.groupby(["protocol", "task"]):
         keys = sorted({key for c in config[group.index] for key in c})
         differs[protocol, task] = [
-            key for key in keys if not key.startswith(ROW_KEYS)
-            and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
+            key
+            for key in keys
+            if not key.startswith(ROW_KEYS) and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
         ]
 
     def section_key(index: int) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -266,8 +274,9 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
             for (setting, data_source), members in variants.items():
                 label = row
                 if len(variants) > 1:
-                    others = [json.loads(s) | {"data_source": json.dumps(d)}
-                              for s, d in variants if (s, d) != (setting, data_source)]
+                    others = [
+                        json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)
+                    ]
                     mine = json.loads(setting) | {"data_source": json.dumps(data_source)}
                     diff = sorted(k for k in mine if any(o.get(k) != mine[k] for o in others))
                     label = f"{row} ({', '.join(f'{k}={json.loads(mine[k])}' for k in diff)})"
@@ -343,14 +352,20 @@ def describe_section(section: Section) -> list[str]:
     elif section.protocol != "paper":
         lines = [f"Protocol `{section.protocol}`, not the paper's: compare rows with each other, not with the paper's numbers."]
     else:
-        lines = [f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
-                 "other, not with the paper's numbers."]
+        lines = [
+            f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
+            "other, not with the paper's numbers."
+        ]
     seeds = sorted({len(cell.seeds) for cell in section.cells.values()})
-    sizes = {task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test})
-             for task in section.tasks}
+    sizes = {
+        task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test}) for task in section.tasks
+    }
     if seeds:
-        lines.append(f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
-                     + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items()) + ".")
+        lines.append(
+            f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
+            + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items())
+            + "."
+        )
     return lines
 
 
@@ -398,26 +413,41 @@ def cells_frame(sections: list[Section]) -> pd.DataFrame:
                 cell = section.cells.get((row, task))
                 if cell is None:
                     continue
-                rows.append({
-                    "section": section.title, "protocol": section.protocol, "row": row, "task": task,
-                    "num_seeds": len(cell.seeds), "seeds": " ".join(map(str, cell.seeds)),
-                    "num_test": " ".join(map(str, cell.num_test)), "mean": round(cell.mean, 4),
-                    "std": round(cell.std, 4), "standard_error": round(cell.standard_error, 4),
-                    "best": section.best(task) == row, "paper": cell.paper,
-                    "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
-                    "data_source": "+".join(cell.data_sources), "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
-                })
+                rows.append(
+                    {
+                        "section": section.title,
+                        "protocol": section.protocol,
+                        "row": row,
+                        "task": task,
+                        "num_seeds": len(cell.seeds),
+                        "seeds": " ".join(map(str, cell.seeds)),
+                        "num_test": " ".join(map(str, cell.num_test)),
+                        "mean": round(cell.mean, 4),
+                        "std": round(cell.std, 4),
+                        "standard_error": round(cell.standard_error, 4),
+                        "best": section.best(task) == row,
+                        "paper": cell.paper,
+                        "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
+                        "data_source": "+".join(cell.data_sources),
+                        "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def latex(sections: list[Section]) -> str:
-    parts = ["% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
-             " (paper, difference) only under the paper's protocol."]
+    parts = [
+        "% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
+        " (paper, difference) only under the paper's protocol."
+    ]
     for section in sections:
         tasks = section.tasks
         table = pd.DataFrame(
-            [[row_label(row)] + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag")
-                                 for task in tasks] for row in section.rows],
+            [
+                [row_label(row)]
+                + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag") for task in tasks]
+                for row in section.rows
+            ],
             columns=["Method", *(TASK_LABELS.get(t, t) for t in tasks)],
         )
         table["Method"] = table["Method"].str.replace("_", "\\_").str.replace("*", "$^*$", regex=False)
@@ -434,17 +464,28 @@ def figure(sections: list[Section], path: Path) -> None:
 
     width = max(len(s.tasks) for s in sections)
     height = sum(0.3 * len(s.rows) + 1.2 for s in sections)
-    fig, axes = plt.subplots(len(sections), width, figsize=(3.4 * width, height), squeeze=False,
-                             gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]})
+    fig, axes = plt.subplots(
+        len(sections),
+        width,
+        figsize=(3.4 * width, height),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]},
+    )
     for axis_row, section in zip(axes, sections):
-        for ax in axis_row[len(section.tasks):]:
+        for ax in axis_row[len(section.tasks) :]:
             ax.axis("off")
         for ax, task in zip(axis_row, section.tasks):
             for i, row in enumerate(section.rows):
                 cell = section.cells.get((row, task))
                 if cell is not None:
-                    ax.barh(i, cell.mean, xerr=cell.standard_error, color="tab:orange" if row.startswith("yoso") else "tab:blue",
-                            hatch="//" if cell.generated else None, alpha=0.85)
+                    ax.barh(
+                        i,
+                        cell.mean,
+                        xerr=cell.standard_error,
+                        color="tab:orange" if row.startswith("yoso") else "tab:blue",
+                        hatch="//" if cell.generated else None,
+                        alpha=0.85,
+                    )
                     if cell.paper is not None:
                         ax.plot([cell.paper, cell.paper], [i - 0.4, i + 0.4], color="black", linewidth=2)
             ax.set_title(f"{TASK_LABELS.get(task, task)} ({section.title})", fontsize=9)
@@ -452,8 +493,11 @@ def figure(sections: list[Section], path: Path) -> None:
             ax.set_yticks(range(len(section.rows)), [row_label(r) for r in section.rows], fontsize=8)
             ax.invert_yaxis()
             ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
-                 "number, under its protocol only)", fontsize=10)
+    fig.suptitle(
+        "LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
+        "number, under its protocol only)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same runs, same bytes
     plt.close(fig)
@@ -475,16 +519,30 @@ def write_all(records: list[dict[str, Any]], out_dir: Path, source: str) -> list
 def main(argv: list[str] | None = None) -> None:
     output_dir = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
     parser = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, nargs="*", default=[output_dir],
-                        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)")
-    parser.add_argument("--results", type=Path, default=Path("results"),
-                        help="the committed results; their runs/ subfolder holds the committed run records")
-    parser.add_argument("--out", type=Path, default=output_dir,
-                        help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)")
-    parser.add_argument("--collect", action="store_true",
-                        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)")
-    parser.add_argument("--committed", action="store_true",
-                        help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        nargs="*",
+        default=[output_dir],
+        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="the committed results; their runs/ subfolder holds the committed run records",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=output_dir, help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)"
+    )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)",
+    )
+    parser.add_argument(
+        "--committed", action="store_true", help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table"
+    )
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
     if args.collect:
@@ -493,8 +551,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect or args.committed:
         paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`")
     else:
-        paths = write_all(find_records([*args.runs, runs_dir]), args.out,
-                          f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`")
+        paths = write_all(
+            find_records([*args.runs, runs_dir]), args.out, f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`"
+        )
     for path in paths:
         print(f"wrote {path}")
 

@@ -39,8 +39,14 @@ file_log = logging.getLogger("lra.train.file")
 
 # The protocol's fields and their types: anything else in task.protocol is an error, not ignored.
 PROTOCOL_FIELDS = {
-    "name": str, "batch_size": int, "max_steps": int, "warmup_steps": int, "val_check_interval": int,
-    "limit_val_batches": int, "lr": float, "weight_decay": float,
+    "name": str,
+    "batch_size": int,
+    "max_steps": int,
+    "warmup_steps": int,
+    "val_check_interval": int,
+    "limit_val_batches": int,
+    "lr": float,
+    "weight_decay": float,
 }
 WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
 # Where a result is recorded, the data paths are machine-specific and say nothing about the run.
@@ -111,11 +117,17 @@ def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
     if protocol.warmup_steps >= steps:
         warmup = int(WARMUP_SHARE_WHEN_SHORTENED * steps)
         warmup = warmup if warmup >= 2 else 0
-        adjusted["warmup_steps"] = {"from": protocol.warmup_steps, "to": warmup,
-                                    "why": f"must be below max_steps={steps}; a tenth of it"}
+        adjusted["warmup_steps"] = {
+            "from": protocol.warmup_steps,
+            "to": warmup,
+            "why": f"must be below max_steps={steps}; a tenth of it",
+        }
     if protocol.val_check_interval > steps:
-        adjusted["val_check_interval"] = {"from": protocol.val_check_interval, "to": steps,
-                                          "why": f"must not exceed max_steps={steps}, so the run is evaluated"}
+        adjusted["val_check_interval"] = {
+            "from": protocol.val_check_interval,
+            "to": steps,
+            "why": f"must not exceed max_steps={steps}, so the run is evaluated",
+        }
     for key, change in adjusted.items():
         protocol[key] = change["to"]
         log.warning("Adjusted task.protocol.%s from %s to %s (%s)", key, change["from"], change["to"], change["why"])
@@ -203,21 +215,31 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
                 "the protocol's batch is the total over all devices"
             )
         write(results_path, record)
-        log.info("%s: %d steps of batch %d (protocol %s) -> %s", cell, cfg.task.protocol.max_steps,
-                 cfg.task.protocol.batch_size, cfg.task.protocol.name, output_dir)
+        log.info(
+            "%s: %d steps of batch %d (protocol %s) -> %s",
+            cell,
+            cfg.task.protocol.max_steps,
+            cfg.task.protocol.batch_size,
+            cfg.task.protocol.name,
+            output_dir,
+        )
         record.update(fit_and_test(cfg, output_dir, resume_from, world_size))
         record["status"] = "finished"
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         file_log.error("%s failed", cell, exc_info=error)
         log.error("error: %s failed: %s", cell, record["error"])
-        log.error("The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
-                  output_dir / "train.log", results_path)
+        log.error(
+            "The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
+            output_dir / "train.log",
+            results_path,
+        )
         raise RunFailed(record) from error
     except BaseException as error:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
         record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
-        log.error("Interrupted: running the same command again resumes from %s",
-                  Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt")
+        log.error(
+            "Interrupted: running the same command again resumes from %s", Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+        )
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
@@ -227,7 +249,11 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
         return record
     log.info(
         "%s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
-        cell, record["best_val_acc"], record["best_val_step"], record["test_acc"], results_path,
+        cell,
+        record["best_val_acc"],
+        record["best_val_step"],
+        record["test_acc"],
+        results_path,
     )
     return record
 

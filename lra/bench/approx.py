@@ -76,8 +76,22 @@ from lra.module import LRAClassificationModule
 from lra.results import RESULTS_FILE, device_name
 
 FIELDS = [
-    "source", "task", "attention", "seq_len", "num_hashes", "hash_bits", "mean_angle_rad", "std_angle_rad",
-    "zero_row_fraction", "colliding_angle_rad", "layers", "heads", "samples", "seeds", "device", "torch",
+    "source",
+    "task",
+    "attention",
+    "seq_len",
+    "num_hashes",
+    "hash_bits",
+    "mean_angle_rad",
+    "std_angle_rad",
+    "zero_row_fraction",
+    "colliding_angle_rad",
+    "layers",
+    "heads",
+    "samples",
+    "seeds",
+    "device",
+    "torch",
 ]
 RANDOM_SOURCE = "random_unit_vectors"
 RANDOM_LAYERS, RANDOM_HEADS, RANDOM_HEAD_DIM = 2, 2, 32
@@ -130,9 +144,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         )
     path = run_dir / RESULTS_FILE
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: {run_dir} is not a training run folder (`python -m lra.train` writes one)"
-        )
+        raise FileNotFoundError(f"{path} is missing: {run_dir} is not a training run folder (`python -m lra.train` writes one)")
     return json.loads(path.read_text())
 
 
@@ -214,9 +226,7 @@ def capture_vectors(encoder: LRAEncoder, dataset: TokenDataset, input_name: str,
     )
 
 
-def trained_vectors(
-    run_dir: Path, checkpoint: Path | None, num_tokens: int, samples: int, device: torch.device
-) -> Vectors:
+def trained_vectors(run_dir: Path, checkpoint: Path | None, num_tokens: int, samples: int, device: torch.device) -> Vectors:
     if checkpoint is not None and not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist; pass a .ckpt file of a training run")
     record = read_run(run_dir)
@@ -248,8 +258,13 @@ def trained_vectors(
     core = encoder.blocks[0].attention.attention
     model_hash_bits = core.hash_bits if isinstance(core, YosoAttention) else None
     return Vectors(
-        queries, keys, values, source=f"checkpoint:{display_path(checkpoint)}", task=module.hparams.task,
-        attention=attention if not row or row == attention else f"{attention} ({row})", model_hash_bits=model_hash_bits,
+        queries,
+        keys,
+        values,
+        source=f"checkpoint:{display_path(checkpoint)}",
+        task=module.hparams.task,
+        attention=attention if not row or row == attention else f"{attention} ({row})",
+        model_hash_bits=model_hash_bits,
     )
 
 
@@ -371,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=4, help="disjoint token windows of max(--lengths) tokens")
     parser.add_argument("--hash-bits", type=int, default=None, help="tau; default: the trained YOSO model's, else 8")
     parser.add_argument("--device", default="cpu", help="where the model and YOSO run: cpu or cuda (default: cpu)")
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for approx_error.csv and .png (default: results/ in the current folder)")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="folder for approx_error.csv and .png (default: results/ in the current folder)"
+    )
     return parser
 
 
@@ -401,21 +417,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     hash_bits = args.hash_bits or vectors.model_hash_bits or DEFAULT_HASH_BITS
     layers, _, heads, _, dim = vectors.queries.shape
-    print(f"Q, K, V: {vectors.source} (task {vectors.task}, attention {vectors.attention}); {layers} layers x "
-          f"{heads} heads, d={dim}; tau={hash_bits}; torch {torch.__version__} on {device_name(device)}")
+    print(
+        f"Q, K, V: {vectors.source} (task {vectors.task}, attention {vectors.attention}); {layers} layers x "
+        f"{heads} heads, d={dim}; tau={hash_bits}; torch {torch.__version__} on {device_name(device)}"
+    )
 
     tallies = measure(vectors, lengths, hashes, args.seeds, hash_bits, device)
     rows = []
     for (n, m), tally in tallies.items():
         unit_angles = torch.cat(tally.unit_angles)  # (layers * seeds * samples * h,)
-        rows.append(dict(
-            source=vectors.source, task=vectors.task, attention=vectors.attention, seq_len=n, num_hashes=m,
-            hash_bits=hash_bits, mean_angle_rad=unit_angles.mean().item(),
-            std_angle_rad=unit_angles.std(correction=0).item(), zero_row_fraction=tally.zero_rows / tally.rows,
-            colliding_angle_rad=tally.colliding_angle(),
-            layers=layers, heads=heads, samples=args.samples, seeds=args.seeds, device=device_name(device),
-            torch=torch.__version__,
-        ))
+        rows.append(
+            dict(
+                source=vectors.source,
+                task=vectors.task,
+                attention=vectors.attention,
+                seq_len=n,
+                num_hashes=m,
+                hash_bits=hash_bits,
+                mean_angle_rad=unit_angles.mean().item(),
+                std_angle_rad=unit_angles.std(correction=0).item(),
+                zero_row_fraction=tally.zero_rows / tally.rows,
+                colliding_angle_rad=tally.colliding_angle(),
+                layers=layers,
+                heads=heads,
+                samples=args.samples,
+                seeds=args.seeds,
+                device=device_name(device),
+                torch=torch.__version__,
+            )
+        )
     path = args.out / "approx_error.csv"
     write_csv(rows, path, FIELDS)
     if vectors.source == RANDOM_SOURCE:

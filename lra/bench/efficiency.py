@@ -56,8 +56,20 @@ from lra.results import device_name
 # The original profile's random tokens: a 512-token vocabulary, 10 classes, one input, no data files.
 PROFILE = TaskSpec("efficiency_profile", vocab_size=512, num_classes=10)
 FIELDS = [
-    "attention", "attention_name", "seq_len", "batch", "time_ms", "time_ms_std", "memory_mb", "status", "error",
-    "device", "torch", "dtype", "threads", "repeats",
+    "attention",
+    "attention_name",
+    "seq_len",
+    "batch",
+    "time_ms",
+    "time_ms_std",
+    "memory_mb",
+    "status",
+    "error",
+    "device",
+    "torch",
+    "dtype",
+    "threads",
+    "repeats",
 ]
 
 
@@ -162,8 +174,10 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: ModelConfig) ->
     training_step(model, batch, seq_len, device, args.precision)  # warm-up
     synchronize(device)
     meter.reset_peak()
-    times = [ms / batch for ms in time_calls(lambda: training_step(model, batch, seq_len, device, args.precision),
-                                             device, args.repeats)]
+    times = [
+        ms / batch
+        for ms in time_calls(lambda: training_step(model, batch, seq_len, device, args.precision), device, args.repeats)
+    ]
     memory = meter.peak_above_baseline() / batch
     return {
         "batch": batch,
@@ -184,9 +198,11 @@ def run_grid(args) -> list[dict[str, Any]]:
             raise SystemExit(f"unknown attention(s) {unknown}; available: {', '.join(sorted(known))}")
         selected = [entry for entry in selected if entry.row in args.attentions]
     common = {
-        "device": device_name(device), "torch": torch.__version__,
+        "device": device_name(device),
+        "torch": torch.__version__,
         "dtype": "bfloat16 autocast (attention in float32)" if args.precision == "bf16-mixed" else "float32",
-        "threads": torch.get_num_threads() if device.type == "cpu" else "", "repeats": args.repeats,
+        "threads": torch.get_num_threads() if device.type == "cpu" else "",
+        "repeats": args.repeats,
     }
     path = args.out / f"efficiency_{device.type}.csv"
     rows: list[dict[str, Any]] = []
@@ -195,8 +211,18 @@ def run_grid(args) -> list[dict[str, Any]]:
     progress = tqdm(grid, desc="efficiency", unit="cell", disable=args.quiet)
     for entry, seq_len in progress:
         progress.set_postfix_str(f"{entry.row} n={seq_len}")
-        row = {"attention": entry.row, "attention_name": entry.name, "seq_len": seq_len, "batch": "",
-               "time_ms": math.nan, "time_ms_std": math.nan, "memory_mb": math.nan, "status": "ok", "error": "", **common}
+        row = {
+            "attention": entry.row,
+            "attention_name": entry.name,
+            "seq_len": seq_len,
+            "batch": "",
+            "time_ms": math.nan,
+            "time_ms_std": math.nan,
+            "memory_mb": math.nan,
+            "status": "ok",
+            "error": "",
+            **common,
+        }
         if entry.row in out_of_memory_at:
             row.update(status="out_of_memory", error=f"skipped: out of memory at n={out_of_memory_at[entry.row]}")
         else:
@@ -220,8 +246,12 @@ def run_grid(args) -> list[dict[str, Any]]:
                 f"{row['memory_mb']:10.2f} MB/inst {row['status']} {row['error']}"
             )
         write_csv(rows, path, FIELDS)
-    plot(rows, path.with_suffix(".png"), f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
-         + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"))
+    plot(
+        rows,
+        path.with_suffix(".png"),
+        f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
+        + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"),
+    )
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return rows
 
@@ -239,8 +269,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if not measured:
             continue
         lengths = [row["seq_len"] for row in measured]
-        style = {"marker": "o", "linestyle": "--" if attention == "none" else "-", "label": attention,
-                 "color": colors[(2 * index) % 20 + (2 * index) // 20 % 2]}
+        style = {
+            "marker": "o",
+            "linestyle": "--" if attention == "none" else "-",
+            "label": attention,
+            "color": colors[(2 * index) % 20 + (2 * index) // 20 % 2],
+        }
         time_axis.plot(lengths, [row["time_ms"] for row in measured], **style)
         memory_axis.plot(lengths, [row["memory_mb"] for row in measured], **style)
     for axis, label in ((time_axis, "time per instance (ms)"), (memory_axis, "peak memory per instance (MB)")):
@@ -260,21 +294,34 @@ def available_memory_mb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench efficiency", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda when a GPU is present)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when a GPU is present)",
+    )
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)"
+    )
     parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
     parser.add_argument("--list", action="store_true", help="print the attentions the grid would run and exit")
-    parser.add_argument("--precision", choices=["32", "bf16-mixed"], default=None,
-                        help="default: bf16-mixed on a GPU, 32 on a CPU")
+    parser.add_argument(
+        "--precision", choices=["32", "bf16-mixed"], default=None, help="default: bf16-mixed on a GPU, 32 on a CPU"
+    )
     parser.add_argument("--batch", type=int, default=1, help="the batch on a CPU (a GPU uses the largest that fits)")
     parser.add_argument("--max-batch-tokens", type=int, default=2**20, help="GPU: cap on batch x sequence length")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell, after one warm-up step")
-    parser.add_argument("--memory-limit-mb", type=float, default=None,
-                        help="CPU: memory a cell may add (default: 90%% of what is available at start)")
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for efficiency_<device>.csv and .png (default: results/ in the current folder)")
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=None,
+        help="CPU: memory a cell may add (default: 90%% of what is available at start)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="folder for efficiency_<device>.csv and .png (default: results/ in the current folder)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
     args = parser.parse_args(argv)
     if args.list:

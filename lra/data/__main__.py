@@ -66,8 +66,11 @@ def download(args: argparse.Namespace) -> None:
     configs = {task: task_config(task, args.dest) for task in tasks}
     data_dir = Path(configs[tasks[0]]["paths"]["data_dir"])
     prepared, errors = download_tasks(
-        {task: config["task"]["data"] for task, config in configs.items()}, data_dir / "downloads",
-        base_url=args.base_url, sha256=args.sha256, md5=args.md5,
+        {task: config["task"]["data"] for task, config in configs.items()},
+        data_dir / "downloads",
+        base_url=args.base_url,
+        sha256=args.sha256,
+        md5=args.md5,
     )
     train = "python -m lra.train" if args.dest is None else f"LRA_DATA_DIR={args.dest} python -m lra.train"
     for task, resolved in prepared.items():
@@ -130,8 +133,12 @@ def generate_listops(args: argparse.Namespace) -> None:
     from . import listops
 
     config = listops.GeneratorConfig(
-        num_train=args.num_train, num_val=args.num_val, num_test=args.num_test,
-        min_length=args.min_length, max_length=args.max_length, seed=args.seed,
+        num_train=args.num_train,
+        num_val=args.num_val,
+        num_test=args.num_test,
+        min_length=args.min_length,
+        max_length=args.max_length,
+        seed=args.seed,
     )
     if any(listops.split_path(args.out, split).exists() for split in listops.SPLITS):
         raise SystemExit(f"error: {args.out} already holds basic_*.tsv files; choose another --out")
@@ -154,14 +161,16 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser(
-        "download", help="download, verify, unpack and prepare tasks' official data",
+        "download",
+        help="download, verify, unpack and prepare tasks' official data",
         description="Download each task's official archive, verify it, unpack what the task needs into the folder "
         "training reads (task.data.source_dir under --dest) and prepare it; see lra/data/download.py.",
     )
     p.add_argument("tasks", nargs="+", choices=[*TASKS, "all"], metavar="TASK", help=f"{', '.join(TASKS)} or all")
     p.add_argument("--dest", type=Path, help="data folder (default: $LRA_DATA_DIR or data/, where training looks)")
     p.add_argument(
-        "--base-url", default=os.environ.get(BASE_URL_ENV) or None,
+        "--base-url",
+        default=os.environ.get(BASE_URL_ENV) or None,
         help=f"a mirror serving the same file names (default: ${BASE_URL_ENV}, else the official hosts)",
     )
     checksum = p.add_mutually_exclusive_group()

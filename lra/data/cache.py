@@ -158,9 +158,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise CacheError(f"{path} is not valid JSON ({error}): the cache is corrupt") from None
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CacheError(
-            f"{path} has cache format {manifest.get('format_version')!r}, this version reads {FORMAT_VERSION}"
-        )
+        raise CacheError(f"{path} has cache format {manifest.get('format_version')!r}, this version reads {FORMAT_VERSION}")
     return manifest
 
 
@@ -202,9 +200,7 @@ def _open_array(folder: Path, entry: dict[str, Any]) -> np.ndarray:
     except (ValueError, OSError) as error:
         raise CacheError(f"{path} cannot be read as a .npy array ({error}): the cache is corrupt") from None
     if list(array.shape) != entry["shape"] or str(array.dtype) != entry["dtype"]:
-        raise CacheError(
-            f"{path} holds {array.dtype} {list(array.shape)}, its manifest says {entry['dtype']} {entry['shape']}"
-        )
+        raise CacheError(f"{path} holds {array.dtype} {list(array.shape)}, its manifest says {entry['dtype']} {entry['shape']}")
     return array
 
 

@@ -96,13 +96,14 @@ class Archive:
 #: Keyed by the tasks' ``official_source`` label (lra.data.tasks.TASKS).
 ARCHIVES = {  # in the order `download all` fetches them: the small ones first
     # MD5 from torchtext (torchtext/datasets/imdb.py: MD5), which other IMDb loaders use as well.
-    "imdb": Archive(
-        "aclImdb_v1.tar.gz", text.IMDB_URL, md5="7c2ac02c03563afcf9b574c7e56c153a", published_by="torchtext"
-    ),
+    "imdb": Archive("aclImdb_v1.tar.gz", text.IMDB_URL, md5="7c2ac02c03563afcf9b574c7e56c153a", published_by="torchtext"),
     # MD5 from torchvision (torchvision/datasets/cifar.py: tgz_md5); the size is the official file's.
     "cifar10": Archive(
-        "cifar-10-python.tar.gz", image.CIFAR_URL, md5="c58f30108f718f92721af3b95e74349a",
-        num_bytes=170_498_071, published_by="torchvision",
+        "cifar-10-python.tar.gz",
+        image.CIFAR_URL,
+        md5="c58f30108f718f92721af3b95e74349a",
+        num_bytes=170_498_071,
+        published_by="torchvision",
     ),
     # Nothing published to check the release against (see the module doc for what is checked).
     "lra_release": Archive("lra_release.gz", LRA_RELEASE_URL),
@@ -284,9 +285,10 @@ def fetch(url: str, target: Path) -> None:
 def _copy_response(response: http.client.HTTPResponse, part: Path, offset: int, total: int | None, name: str) -> None:
     """Write the response body into ``part`` from ``offset`` on, with a progress bar (bytes, rate,
     time left); raise :class:`ConnectionDropped` when it stops short of ``total``."""
-    with open(part, "r+b" if offset else "wb") as out, tqdm(
-        total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=name, dynamic_ncols=True
-    ) as bar:
+    with (
+        open(part, "r+b" if offset else "wb") as out,
+        tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=name, dynamic_ncols=True) as bar,
+    ):
         out.truncate(offset)
         out.seek(offset)
         while True:
@@ -309,10 +311,17 @@ def _copy_response(response: http.client.HTTPResponse, part: Path, offset: int, 
 def file_digests(path: Path) -> tuple[str, str]:
     """MD5 and SHA-256 of ``path``, in one read with a progress bar."""
     md5, sha256 = hashlib.md5(), hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"checking {path.name}",
-        dynamic_ncols=True,
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"checking {path.name}",
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         while chunk := f.read(CHUNK_BYTES):
             md5.update(chunk)
             sha256.update(chunk)
@@ -327,9 +336,7 @@ def set_aside(path: Path) -> Path:
     return rejected
 
 
-def verify(
-    archive: Archive, path: Path, url: str, *, sha256: str | None = None, md5: str | None = None
-) -> dict[str, Any]:
+def verify(archive: Archive, path: Path, url: str, *, sha256: str | None = None, md5: str | None = None) -> dict[str, Any]:
     """Check ``path`` against the user's checksum or the published one; return its download record.
 
     A file that does not match is set aside (:func:`set_aside`) and a :class:`DownloadError` says so.
@@ -363,7 +370,11 @@ def verify(
             f"command with --sha256 {actual_sha256}"
         )
     return {
-        "file": archive.file, "url": url, "num_bytes": num_bytes, "md5": actual_md5, "sha256": actual_sha256,
+        "file": archive.file,
+        "url": url,
+        "num_bytes": num_bytes,
+        "md5": actual_md5,
+        "sha256": actual_sha256,
         "verified": verified,
     }
 
@@ -401,7 +412,7 @@ def relative_to_root(parts: tuple[str, ...], root: str) -> str | None:
     """``parts`` below the archive folder ``root``, as a relative path, or None when outside it."""
     root_parts = PurePosixPath(root).parts
     if len(parts) > len(root_parts) and parts[: len(root_parts)] == root_parts:
-        return "/".join(parts[len(root_parts):])
+        return "/".join(parts[len(root_parts) :])
     return None
 
 
@@ -426,10 +437,17 @@ def read_members(path: Path, stagings: dict[str, tuple[TaskFiles, Path]]) -> tup
     """
     counts = dict.fromkeys(stagings, 0)
     top_folders: set[str] = set()
-    with open(path, "rb") as raw, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"unpacking {path.name}",
-        dynamic_ncols=True,
-    ) as bar:
+    with (
+        open(path, "rb") as raw,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"unpacking {path.name}",
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         compressed = raw.read(2) == b"\x1f\x8b"  # the gzip magic; a plain tar is read as is
         raw.seek(0)
         reader: Any = ProgressReader(raw, bar)
@@ -560,8 +578,10 @@ def download_archive(
                 raise
             raise DownloadError(f"{disk_full_message(Path(data['cache_dir']), None)}; nothing was prepared") from None
     if targets:
-        log.info(f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
-            "delete it when you do not need it")
+        log.info(
+            f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
+            "delete it when you do not need it"
+        )
     return prepared
 
 
@@ -590,9 +610,7 @@ def download_tasks(
     errors = []
     for source, tasks in groups.items():
         try:
-            prepared.update(download_archive(
-                ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5
-            ))
+            prepared.update(download_archive(ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5))
         except (DownloadError, FileNotFoundError, ValueError, CacheError) as error:  # readers name the file at fault
             errors.append(f"{', '.join(tasks)}: {error}")
     return prepared, errors

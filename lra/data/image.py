@@ -47,12 +47,14 @@ class BatchUnpickler(pickle.Unpickler):
     (the module is ``numpy.core.multiarray`` in the official files, ``numpy._core.multiarray``
     when NumPy 2 wrote them) is refused instead of imported."""
 
-    ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-    })
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+        }
+    )
 
     def find_class(self, module: str, name: str) -> object:
         if (module, name) not in self.ALLOWED:
@@ -121,11 +123,13 @@ def read(source: Path, *, max_length: int = NUM_PIXELS) -> Prepared:
     pixels, labels = load_gray([source / name for name in TRAIN_FILES])
     test_pixels, test_labels = load_gray([source / TEST_FILE])
     cut = len(labels) * 9 // 10
-    return Prepared({
-        "train": Split(arrays={"input_ids": pixels[:cut]}, labels=labels[:cut]),
-        "val": Split(arrays={"input_ids": pixels[cut:]}, labels=labels[cut:]),
-        "test": Split(arrays={"input_ids": test_pixels}, labels=test_labels),
-    })
+    return Prepared(
+        {
+            "train": Split(arrays={"input_ids": pixels[:cut]}, labels=labels[:cut]),
+            "val": Split(arrays={"input_ids": pixels[cut:]}, labels=labels[cut:]),
+            "test": Split(arrays={"input_ids": test_pixels}, labels=test_labels),
+        }
+    )
 
 
 def missing_data_message(source: Path, missing: list[str] | None = None) -> str:

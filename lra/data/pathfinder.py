@@ -150,9 +150,7 @@ def read(source: Path, *, max_length: int = 1024, split_seed: int = 0, workers: 
     # Decoding in permutation order makes every split a slice of one array (Path-X's is 3.3 GB).
     pixels = decode_all([paths[i] for i in order], side, workers)
     labels_in_order = np.array(labels, dtype=np.int64)[order]
-    splits = {
-        name: Split(arrays={"input_ids": pixels[rows]}, labels=labels_in_order[rows]) for name, rows in slices.items()
-    }
+    splits = {name: Split(arrays={"input_ids": pixels[rows]}, labels=labels_in_order[rows]) for name, rows in slices.items()}
     return Prepared(splits, {"skipped_empty": skipped})
 
 

@@ -73,21 +73,52 @@ def generate_pathfinder(generated_dir: Path, params: dict[str, Any]) -> Path:
 
 
 PATHFINDER = dict(
-    vocab_size=pathfinder.VOCAB_SIZE, num_classes=pathfinder.NUM_CLASSES, reader=pathfinder.read,
-    missing_message=pathfinder.missing_data_message, official_source="lra_release", generate=generate_pathfinder,
+    vocab_size=pathfinder.VOCAB_SIZE,
+    num_classes=pathfinder.NUM_CLASSES,
+    reader=pathfinder.read,
+    missing_message=pathfinder.missing_data_message,
+    official_source="lra_release",
+    generate=generate_pathfinder,
     pixels=True,
 )
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
-        TaskSpec("listops", listops.VOCAB_SIZE, listops.NUM_CLASSES, reader=listops.read,
-                 missing_message=listops.missing_data_message, official_source="lra_release", generate=generate_listops),
-        TaskSpec("text", text.VOCAB_SIZE, text.NUM_CLASSES, reader=text.read, missing_message=text.missing_data_message,
-                 official_source="imdb"),
-        TaskSpec("retrieval", retrieval.VOCAB_SIZE, retrieval.NUM_CLASSES, inputs=("input_ids_0", "input_ids_1"),
-                 reader=retrieval.read, missing_message=retrieval.missing_data_message, official_source="lra_release"),
-        TaskSpec("image", image.VOCAB_SIZE, image.NUM_CLASSES, reader=image.read, missing_message=image.missing_data_message,
-                 official_source="cifar10", pixels=True),
+        TaskSpec(
+            "listops",
+            listops.VOCAB_SIZE,
+            listops.NUM_CLASSES,
+            reader=listops.read,
+            missing_message=listops.missing_data_message,
+            official_source="lra_release",
+            generate=generate_listops,
+        ),
+        TaskSpec(
+            "text",
+            text.VOCAB_SIZE,
+            text.NUM_CLASSES,
+            reader=text.read,
+            missing_message=text.missing_data_message,
+            official_source="imdb",
+        ),
+        TaskSpec(
+            "retrieval",
+            retrieval.VOCAB_SIZE,
+            retrieval.NUM_CLASSES,
+            inputs=("input_ids_0", "input_ids_1"),
+            reader=retrieval.read,
+            missing_message=retrieval.missing_data_message,
+            official_source="lra_release",
+        ),
+        TaskSpec(
+            "image",
+            image.VOCAB_SIZE,
+            image.NUM_CLASSES,
+            reader=image.read,
+            missing_message=image.missing_data_message,
+            official_source="cifar10",
+            pixels=True,
+        ),
         TaskSpec("pathfinder", **PATHFINDER),
         TaskSpec("pathx", **PATHFINDER),
     )
@@ -128,8 +159,7 @@ def resolve(name: str, data: dict[str, Any]) -> Resolved:
         raise ValueError(f"unknown task.data.source {source!r} for {name}; use one of {', '.join(SOURCES)}")
     if source == "generated" and spec.generate is None:
         raise ValueError(
-            f"{name} has no generator (only listops and pathfinder do); use task.data.source=official "
-            "with the official files"
+            f"{name} has no generator (only listops and pathfinder do); use task.data.source=official with the official files"
         )
     cache_dir = Path(data["cache_dir"])
     if source in ("auto", "official"):
@@ -156,8 +186,12 @@ def prepare_task(name: str, data: dict[str, Any], *, force: bool = False) -> Res
         source_dir = spec.generate(Path(data["generated_dir"]), data["generator"])
     options = dict(data.get("options") or {})
     cache.prepare(
-        resolved.folder, name, resolved.key, source_dir,
-        lambda: spec.reader(source_dir, max_length=data["max_length"], **options), force=force,
+        resolved.folder,
+        name,
+        resolved.key,
+        source_dir,
+        lambda: spec.reader(source_dir, max_length=data["max_length"], **options),
+        force=force,
     )
     return resolved
 

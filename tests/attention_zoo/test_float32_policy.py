@@ -48,7 +48,7 @@ def run_recorded(name, attention_in_fp32, dtype, autocast, padded):
     core.register_forward_hook(lambda module, args, out: outputs.append((args[2].dtype, out)))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), recorder:
         mha(x, mask)
-    (value_dtype, out), = outputs
+    ((value_dtype, out),) = outputs
     assert out.dtype == value_dtype, "the core returns the dtype of its values"
     assert not padded or (out[1, :, SEQ_LEN // 2 :] == 0).all(), "masked query rows are zeros"
     assert torch.isfinite(out).all()

@@ -7,7 +7,6 @@ memory means: doubling n at most about doubles the largest allocation, and at n 
 below n * n elements.
 """
 
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -36,8 +36,21 @@ from pathlib import Path
 
 PACKAGES = "slurm-wlm slurmdbd munge mariadb-server-core mariadb-client-core"
 PROGRAMS = (
-    "mungekey", "munged", "mariadb-install-db", "my_print_defaults", "mariadbd", "slurmdbd", "slurmctld", "slurmd",
-    "sacctmgr", "sbatch", "sacct", "scontrol", "squeue", "scancel", "sinfo",
+    "mungekey",
+    "munged",
+    "mariadb-install-db",
+    "my_print_defaults",
+    "mariadbd",
+    "slurmdbd",
+    "slurmctld",
+    "slurmd",
+    "sacctmgr",
+    "sbatch",
+    "sacct",
+    "scontrol",
+    "squeue",
+    "scancel",
+    "sinfo",
 )
 # The daemons live in sbin folders, which a user's PATH may lack.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
@@ -87,7 +100,7 @@ class SlurmCluster:
 
     # -- starting --------------------------------------------------------------------------------
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         try:
             self._start()
         except BaseException:
@@ -101,22 +114,38 @@ class SlurmCluster:
         key = self.root / "munge.key"
         self.command("mungekey", "--create", f"--keyfile={key}")
         self._daemon(
-            "munged", "munged", "--foreground", f"--key-file={key}", f"--socket={self.munge_socket}",
-            f"--pid-file={self.root / 'munged.pid'}", f"--seed-file={self.root / 'munged.seed'}",
+            "munged",
+            "munged",
+            "--foreground",
+            f"--key-file={key}",
+            f"--socket={self.munge_socket}",
+            f"--pid-file={self.root / 'munged.pid'}",
+            f"--seed-file={self.root / 'munged.seed'}",
         )
         self._wait_for("munged's socket", self.munge_socket.exists)
 
         # Accounting: a private MariaDB (root logs in through the socket) behind slurmdbd.
         data = self.root / "mysql"
         self.command(
-            "mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
-            "--auth-root-authentication-method=socket", "--skip-test-db",
+            "mariadb-install-db",
+            "--no-defaults",
+            f"--datadir={data}",
+            "--user=root",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
         )
         self._daemon(
-            "mariadbd", "mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={self.mysql_socket}",
-            "--skip-networking", "--user=root", f"--pid-file={self.root / 'mariadbd.pid'}",
+            "mariadbd",
+            "mariadbd",
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--socket={self.mysql_socket}",
+            "--skip-networking",
+            "--user=root",
+            f"--pid-file={self.root / 'mariadbd.pid'}",
             # slurmdbd's recommendations (it logs an error below half of them)
-            "--innodb-buffer-pool-size=512M", "--innodb-lock-wait-timeout=900",
+            "--innodb-buffer-pool-size=512M",
+            "--innodb-lock-wait-timeout=900",
         )
         self._wait_for("mariadbd's socket", self.mysql_socket.exists)
 
@@ -157,12 +186,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
-StateSaveLocation={root / 'state'}
-SlurmdSpoolDir={root / 'spool'}
-SlurmctldPidFile={root / 'slurmctld.pid'}
-SlurmdPidFile={root / 'slurmd.pid'}
+StateSaveLocation={root / "state"}
+SlurmdSpoolDir={root / "spool"}
+SlurmctldPidFile={root / "slurmctld.pid"}
+SlurmdPidFile={root / "slurmd.pid"}
 # slurmstepd, which runs each job, logs here too (the other daemons log to their output)
-SlurmdLogFile={self.log_dir / 'slurmd.log'}
+SlurmdLogFile={self.log_dir / "slurmd.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -190,7 +219,7 @@ DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={dbd_port}
 SlurmUser=root
-PidFile={self.root / 'slurmdbd.pid'}
+PidFile={self.root / "slurmdbd.pid"}
 StorageType=accounting_storage/mysql
 StorageHost=localhost
 StorageUser=root
@@ -203,7 +232,11 @@ StorageLoc=slurm_acct_db
         output_path = self.log_dir / (f"{name}.out" if name == "slurmd" else f"{name}.log")
         with open(output_path, "wb") as output:
             self.daemons[name] = subprocess.Popen(
-                command, env=env or self.env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                command,
+                env=env or self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches stop(), not the daemons
             )
 
@@ -260,7 +293,7 @@ StorageLoc=slurm_acct_db
                         time.sleep(0.5)
             except (ClusterError, subprocess.TimeoutExpired):
                 pass  # the daemons are stopped below all the same
-        for name, daemon in reversed(list(self.daemons.items())):
+        for daemon in reversed(list(self.daemons.values())):
             if daemon.poll() is None:
                 daemon.send_signal(signal.SIGTERM)
                 try:
@@ -271,7 +304,7 @@ StorageLoc=slurm_acct_db
         self.daemons.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -288,8 +321,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even when started in the background
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the cluster on kill too
     with SlurmCluster() as cluster:
-        print(f"A one-node SLURM cluster is up ({cluster.root}). In another shell:\n\n"
-              f"    export SLURM_CONF={cluster.conf}\n    sinfo\n\nCtrl-C stops it and removes {cluster.root}.", flush=True)
+        print(
+            f"A one-node SLURM cluster is up ({cluster.root}). In another shell:\n\n"
+            f"    export SLURM_CONF={cluster.conf}\n    sinfo\n\nCtrl-C stops it and removes {cluster.root}.",
+            flush=True,
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:

@@ -57,8 +57,26 @@ def test_the_grid_has_every_preset_and_every_registered_attention_without_one(th
 
 def test_writes_per_instance_rows_and_records_failures_and_out_of_memory(tmp_path, throwaway_attentions):
     out = tmp_path / "results"
-    argv = ["--device", "cpu", "--lengths", "32", "64", "128", "--batch", "2", "--repeats", "2", "--quiet", "--out", str(out),
-            "--attentions", "softmax", "test_oom_from_64", "test_broken", "test_pass_through"]
+    argv = [
+        "--device",
+        "cpu",
+        "--lengths",
+        "32",
+        "64",
+        "128",
+        "--batch",
+        "2",
+        "--repeats",
+        "2",
+        "--quiet",
+        "--out",
+        str(out),
+        "--attentions",
+        "softmax",
+        "test_oom_from_64",
+        "test_broken",
+        "test_pass_through",
+    ]
     assert efficiency.main(argv) == 0
     rows = read_rows(out / "efficiency_cpu.csv")
     assert (out / "efficiency_cpu.png").stat().st_size > 0

@@ -49,7 +49,8 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit():
     adjusted = check_protocol(short)
     assert (short.warmup_steps, short.val_check_interval) == (2, 20)
     assert {key: (change["from"], change["to"]) for key, change in adjusted.items()} == {
-        "warmup_steps": (40, 2), "val_check_interval": (50, 20)
+        "warmup_steps": (40, 2),
+        "val_check_interval": (50, 20),
     }
     tiny = protocol(max_steps=10)
     check_protocol(tiny)

@@ -154,9 +154,7 @@ def test_tasks_without_a_generator_never_get_stand_in_data(tmp_path):
 
 
 def test_dataset_rows_pad_to_seq_len_and_shift_pixels_when_asked():
-    split = cache.CachedSplit(
-        arrays={"input_ids": np.array([[3, 0, 255], [0, 1, 2]], dtype=np.uint8)}, labels=np.array([1, 0])
-    )
+    split = cache.CachedSplit(arrays={"input_ids": np.array([[3, 0, 255], [0, 1, 2]], dtype=np.uint8)}, labels=np.array([1, 0]))
     sample = TokenDataset(split, seq_len=5)[0]
     assert sample["input_ids"].dtype == torch.int64 and sample["label"].item() == 1
     assert sample["input_ids"].tolist() == [3, 0, 255, 0, 0]
@@ -178,8 +176,25 @@ def run_data_cli(*args, cwd, check=True):
 
 def test_cli_generate_prepare_and_info(tmp_path):
     out = tmp_path / "listops-small"
-    run_data_cli("generate", "listops", "--out", out, "--num-train", 30, "--num-val", 4, "--num-test", 5,
-                 "--min-length", 3, "--max-length", 40, "--seed", 7, cwd=tmp_path)
+    run_data_cli(
+        "generate",
+        "listops",
+        "--out",
+        out,
+        "--num-train",
+        30,
+        "--num-val",
+        4,
+        "--num-test",
+        5,
+        "--min-length",
+        3,
+        "--max-length",
+        40,
+        "--seed",
+        7,
+        cwd=tmp_path,
+    )
     assert [len(listops.read_split(out, s, 40)[1]) for s in listops.SPLITS] == [30, 4, 5]
     again = run_data_cli("generate", "listops", "--out", out, "--seed", 7, cwd=tmp_path, check=False)
     assert again.returncode != 0 and "already holds" in again.stderr
@@ -205,8 +220,12 @@ def test_cli_prepare_names_a_missing_source(tmp_path):
 
 def test_pathfinder_is_generated_read_and_cached_on_first_use(tmp_path):
     data = {
-        "source": "auto", "source_dir": str(tmp_path / "no_release"), "cache_dir": str(tmp_path / "cache"),
-        "max_length": 1024, "options": {"split_seed": 0}, "generated_dir": str(tmp_path / "generated"),
+        "source": "auto",
+        "source_dir": str(tmp_path / "no_release"),
+        "cache_dir": str(tmp_path / "cache"),
+        "max_length": 1024,
+        "options": {"split_seed": 0},
+        "generated_dir": str(tmp_path / "generated"),
         "generator": {"resolution": 32, "contour_length": 14, "num_samples": 30, "seed": 4},
     }
     task = load_task("pathfinder", 1024, data)

@@ -29,8 +29,9 @@ def test_one_process_reads_torchs_seeded_shuffle(split):
     single = datamodule(batch_size=8)
     loader = single.train_dataloader() if split == "train" else single.val_dataloader()
     offset = {"train": 0, "val": 1}[split]
-    reference = DataLoader(list(range(SAMPLES)), batch_size=8, shuffle=True, drop_last=True,
-                           generator=torch.Generator().manual_seed(3 * 3 + offset))
+    reference = DataLoader(
+        list(range(SAMPLES)), batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(3 * 3 + offset)
+    )
     assert epochs(loader) == epochs(reference)
     assert epochs(datamodule(batch_size=8, seed=4).train_dataloader()) != epochs(datamodule(batch_size=8).train_dataloader())
 

@@ -91,8 +91,15 @@ def test_a_training_step_under_bf16_mixed_precision(name, listops_batch):
     module = LRAClassificationModule("listops", 64, {}, preset, warmup_steps=0, max_steps=1)
     recorder = StepRecorder(module.model.encoder.blocks[0].attention)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+        accelerator="cpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
     )
     batches = torch.utils.data.DataLoader([{"input_ids": i, "label": y} for i, y in zip(ids, labels)], batch_size=16)
     trainer.fit(module, train_dataloaders=batches)

@@ -20,9 +20,22 @@ def tracked(*patterns):
 def test_an_installed_copy_trains_from_an_empty_folder_and_writes_only_there(tmp_path):
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site),
-         str(REPO)],
-        check=True, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     # Everything the code reads at run time: the Hydra configuration and YOSO's kernel sources, compiled on first use.
     shipped = tracked("lra/conf/*.yaml", "yoso_cuda/csrc/*", "yoso_cuda/emulator/*.h", "yoso_cuda/emulator/*.cpp")
@@ -34,8 +47,9 @@ def test_an_installed_copy_trains_from_an_empty_folder_and_writes_only_there(tmp
     empty.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith("LRA_")}
     env["PYTHONPATH"] = str(site)  # the installed copy, not the checkout
-    where = subprocess.run([sys.executable, "-c", "import lra; print(lra.__file__)"], cwd=empty, env=env,
-                           capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import lra; print(lra.__file__)"], cwd=empty, env=env, capture_output=True, text=True, check=True
+    )
     assert Path(where.stdout.strip()).is_relative_to(site)
     for command in ([sys.executable, "-m", "lra.train"], [str(site / "bin" / "lra-train"), "attention=none"]):
         process = subprocess.run([*command, *TINY], cwd=empty, env=env, capture_output=True, text=True, timeout=300)

@@ -54,8 +54,13 @@ def test_dual_encoder_head_reads_u_v_product_and_difference():
 
 
 def module(task="retrieval", seq_len=8, **protocol):
-    return LRAClassificationModule(task, seq_len, {"dropout": 0.0}, {"name": "softmax", "hparams": {"dropout": 0.0}},
-                                   **{"warmup_steps": 0, "max_steps": 10, **protocol})
+    return LRAClassificationModule(
+        task,
+        seq_len,
+        {"dropout": 0.0},
+        {"name": "softmax", "hparams": {"dropout": 0.0}},
+        **{"warmup_steps": 0, "max_steps": 10, **protocol},
+    )
 
 
 def test_module_feeds_every_input_of_the_batch():
@@ -63,8 +68,11 @@ def test_module_feeds_every_input_of_the_batch():
     lightning_module = module().eval()
     model = lightning_module.model
     assert isinstance(model, LRADualClassifier)
-    batch = {"input_ids_0": torch.randint(1, 10, (4, 8)), "input_ids_1": torch.randint(1, 10, (4, 8)),
-             "label": torch.tensor([0, 1, 1, 0])}
+    batch = {
+        "input_ids_0": torch.randint(1, 10, (4, 8)),
+        "input_ids_1": torch.randint(1, 10, (4, 8)),
+        "label": torch.tensor([0, 1, 1, 0]),
+    }
     loss = lightning_module.training_step(batch, 0)
     expected = torch.nn.functional.cross_entropy(model(batch["input_ids_0"], batch["input_ids_1"]), batch["label"])
     torch.testing.assert_close(loss, expected)
@@ -112,11 +120,19 @@ def test_warmup_must_be_shorter_than_training():
 def test_a_checkpoint_rebuilds_its_model_alone(tmp_path):
     """``load_from_checkpoint(path)`` with no other argument gives the same classifier: same class, same outputs."""
     torch.manual_seed(0)
-    trained = LRAClassificationModule("pathfinder", 16, {"dim": 16, "depth": 1, "num_heads": 2, "head_dim": 8, "ffn_dim": 32},
-                                      {"name": "yoso_e", "hparams": {}}, warmup_steps=0, max_steps=10)
+    trained = LRAClassificationModule(
+        "pathfinder",
+        16,
+        {"dim": 16, "depth": 1, "num_heads": 2, "head_dim": 8, "ffn_dim": 32},
+        {"name": "yoso_e", "hparams": {}},
+        warmup_steps=0,
+        max_steps=10,
+    )
     path = tmp_path / "model.ckpt"
-    torch.save({"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams),
-                "pytorch-lightning_version": "2.4.0"}, path)
+    torch.save(
+        {"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams), "pytorch-lightning_version": "2.4.0"},
+        path,
+    )
     rebuilt = LRAClassificationModule.load_from_checkpoint(path).eval()
     ids = torch.randint(0, 257, (3, 16))
     torch.testing.assert_close(rebuilt(input_ids=ids), trained.eval()(input_ids=ids))

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from slurm_cluster import PARTITION, SlurmCluster, unavailable
 
 REQUIRE = "LRA_REQUIRE_SLURM"
@@ -76,8 +75,9 @@ def accounted_jobs(slurm, job_ids, *options, timeout=60):
     reads it, once they have ended (a job still runs for a moment after submitit has its result)."""
     deadline = time.monotonic() + timeout
     while True:
-        lines = slurm.command("sacct", "--allocations", "--noheader", "--parsable2", "--format=JobID,State",
-                              f"--jobs={','.join(job_ids)}", *options).stdout
+        lines = slurm.command(
+            "sacct", "--allocations", "--noheader", "--parsable2", "--format=JobID,State", f"--jobs={','.join(job_ids)}", *options
+        ).stdout
         jobs = [tuple(line.split("|")) for line in lines.splitlines()]
         if not any(state in ("PENDING", "RUNNING", "COMPLETING") for _, state in jobs) or time.monotonic() > deadline:
             return jobs
@@ -97,7 +97,7 @@ def test_a_sweep_runs_one_slurm_job_per_cell(slurm, data_dir, tmp_path, tiny_ove
     finished = records(outputs)
     assert sorted(r["attention"] for r in finished) == ["none", "softmax"], report(slurm, outputs, sweep)
     assert all(r["status"] == "finished" and r["steps"] == 6 for r in finished), report(slurm, outputs, sweep)
-    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 2 finished, 0 not finished"):]
+    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 2 finished, 0 not finished") :]
     assert all(str(path.parent) in summary for path in outputs.rglob("results.json")), summary
     # Each cell was a job of one array (<array>_0, <array>_1) that the cluster accounted as
     # completed, and submitit followed them through sacct without a warning.
@@ -112,13 +112,17 @@ def test_a_sweep_runs_one_slurm_job_per_cell(slurm, data_dir, tmp_path, tiny_ove
     sweep = lra_train(slurm, data_dir, outputs, *tiny_overrides, "task.data.source=generated,official", "attention=softmax")
     assert sweep.returncode == 1, report(slurm, outputs, sweep)
     jobs = [job for job in job_ids(outputs) if job not in first_jobs]
-    assert len(jobs) == 2 and sorted(accounted_jobs(slurm, jobs)) == [(job, "COMPLETED") for job in jobs], report(slurm, outputs, sweep)
+    assert len(jobs) == 2 and sorted(accounted_jobs(slurm, jobs)) == [(job, "COMPLETED") for job in jobs], report(
+        slurm, outputs, sweep
+    )
     assert softmax.read_text() == finished_record
-    assert any("Skipping" in path.read_text() for path in outputs.glob(f".submitit/{jobs[0]}/*_log.*")), report(slurm, outputs, sweep)
+    assert any("Skipping" in path.read_text() for path in outputs.glob(f".submitit/{jobs[0]}/*_log.*")), report(
+        slurm, outputs, sweep
+    )
     (failed,) = [path for path in outputs.rglob("results.json") if json.loads(path.read_text())["status"] != "finished"]
     error = json.loads(failed.read_text())["error"]
     assert error.startswith("FileNotFoundError: ListOps data not found in"), report(slurm, outputs, sweep)
-    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished"):]
+    summary = sweep.stdout[sweep.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished") :]
     assert "finished  listops / softmax / seed 0" in summary and str(softmax.parent) in summary, summary
     assert f"failed    listops / softmax / seed 0  {error.splitlines()[0][:160]}" in summary, summary
     assert str(failed.parent) in summary, summary
@@ -150,9 +154,14 @@ def test_ddp_inside_one_slurm_job_gives_the_single_process_result(slurm, data_di
     assert reference["processes"] == 1
     assert record["test_loss"] == pytest.approx(reference["test_loss"], rel=1e-4)
     assert abs(record["test_acc"] - reference["test_acc"]) <= 1 / 24  # at most one of the 24 test samples flips
-    assert (record["best_val_step"], record["best_val_acc"]) == (reference["best_val_step"], pytest.approx(reference["best_val_acc"], abs=1 / 32))
-    val_losses = [[float(row["val/loss"]) for row in metrics_rows(Path(r["best_checkpoint"]).parents[1]) if row.get("val/loss")]
-                  for r in (record, reference)]
+    assert (record["best_val_step"], record["best_val_acc"]) == (
+        reference["best_val_step"],
+        pytest.approx(reference["best_val_acc"], abs=1 / 32),
+    )
+    val_losses = [
+        [float(row["val/loss"]) for row in metrics_rows(Path(r["best_checkpoint"]).parents[1]) if row.get("val/loss")]
+        for r in (record, reference)
+    ]
     assert len(val_losses[0]) == 2 and val_losses[0] == pytest.approx(val_losses[1], rel=1e-4)
 
 
@@ -160,8 +169,15 @@ def test_ddp_inside_one_slurm_job_gives_the_single_process_result(slurm, data_di
 def test_a_requeued_cell_resumes_from_its_last_checkpoint(slurm, data_dir, tmp_path, tiny_overrides):
     outputs = tmp_path / "outputs"
     steps = 50  # checkpoints every 5 steps: time to requeue the job after its first, and a short run
-    sweep = lra_train(slurm, data_dir, outputs, *tiny_overrides, f"task.protocol.max_steps={steps}",
-                      "task.protocol.val_check_interval=5", wait=False)
+    sweep = lra_train(
+        slurm,
+        data_dir,
+        outputs,
+        *tiny_overrides,
+        f"task.protocol.max_steps={steps}",
+        "task.protocol.val_check_interval=5",
+        wait=False,
+    )
     try:
         deadline = time.monotonic() + 240
         while not list(outputs.rglob("last.ckpt")) and sweep.poll() is None and time.monotonic() < deadline:
@@ -204,6 +220,6 @@ def test_a_requeued_cell_resumes_from_its_last_checkpoint(slurm, data_dir, tmp_p
     kept = [row for row in before if int(row["step"]) < interrupted_at]
     # (the finished run's file has the test's columns as well, empty in these rows)
     assert kept and [{key: row[key] for key in kept[0]} for row in after[: len(kept)]] == kept, report(slurm, outputs, finished)
-    assert all(int(row["step"]) >= interrupted_at for row in after[len(kept):])
+    assert all(int(row["step"]) >= interrupted_at for row in after[len(kept) :])
     for metric in ("train/loss", "val/acc"):
         assert [int(row["step"]) for row in after if row[metric]] == list(range(4, steps, 5)), metric
