@@ -29,6 +29,10 @@ pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the emulato
 SANITIZE = os.environ.get("YOSO_EMULATOR_SANITIZE") == "1"
 SOURCE = Path(os.environ.get("YOSO_EMULATOR_SOURCE", emulator.CUDA_SOURCE))  # another copy: the mutants script
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+# The sanitizers look for out-of-bounds accesses and undefined behaviour, which the indices a thread
+# computes decide, not the order threads run in; the plain build runs every schedule (and compares
+# them), the sanitized build one, which keeps it within CI's time.
+SCHEDULES = emulator.SCHEDULES[:1] if SANITIZE else emulator.SCHEDULES
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +142,11 @@ def op_arguments(op: str, x: dict, hash_bits: int) -> tuple:
 def run_every_schedule(emulated, op: str, args: tuple):
     """The op's outputs under each schedule, after checking they are bitwise identical."""
     results = []
-    for order, seed in emulator.SCHEDULES:
+    for order, seed in SCHEDULES:
         with emulated.schedule(order, seed):
             out = getattr(emulated.ops, op)(*args)
         results.append(out if isinstance(out, tuple) else (out,))
-    for (order, _), outputs in zip(emulator.SCHEDULES[1:], results[1:]):
+    for (order, _), outputs in zip(SCHEDULES[1:], results[1:]):
         for first, other in zip(results[0], outputs):
             assert torch.equal(first, other), f"{op}: the {order} schedule changed the result (a race or an uninitialised read)"
     return results[0]
@@ -221,7 +225,8 @@ def test_schedules_run_threads_in_different_orders(emulated):
 @pytest.mark.slow
 @pytest.mark.skipif(SANITIZE, reason="already the sanitized run")
 def test_sanitized_build(tmp_path):
-    """The same tests (but n = 4097) on the build with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    """The same tests (but n = 4097, and under one schedule) on the build with AddressSanitizer and
+    UndefinedBehaviorSanitizer."""
     env = {
         **os.environ,
         "YOSO_EMULATOR_SANITIZE": "1",
@@ -239,7 +244,7 @@ def test_sanitized_build(tmp_path):
             "no:cacheprovider",
             str(Path(__file__)),
             "-k",
-            "not n4097 and not sanitized",
+            "not n4097 and not sanitized and not schedules_run_threads",
         ],
         env=env,
         capture_output=True,
