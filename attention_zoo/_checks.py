@@ -8,7 +8,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> None:
-    """Raise a ValueError naming the problem when q, k, v or mask break the attention contract."""
+    """Raise a ValueError naming the problem when q, k, v or mask break the attention contract.
+
+    q and k share one shape; v shares their (batch, heads, seq) and may have its own head dim (the
+    output then has v's).
+    """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             "q, k and v must have shape (batch, heads, seq, head_dim); got "

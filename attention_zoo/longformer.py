@@ -107,7 +107,7 @@ class LongformerAttention(Attention):
         # Step 2: query blocks and, for each, its three neighbouring key/value blocks (unfold is a view).
         q_blocks = F.pad(q, (0, 0, 0, pad)).view(batch, heads, num_blocks, block, head_dim)  # (b, h, c, B, d)
         k_windows = F.pad(k, (0, 0, block, pad + block)).unfold(2, 3 * block, block)  # (b, h, c, d, 3B)
-        v_windows = F.pad(v, (0, 0, block, pad + block)).unfold(2, 3 * block, block)  # (b, h, c, d, 3B)
+        v_windows = F.pad(v, (0, 0, block, pad + block)).unfold(2, 3 * block, block)  # (b, h, c, dv, 3B)
         scores = torch.einsum("bhcxd,bhcdy->bhcxy", q_blocks, k_windows)  # (b, h, c, B, 3B)
 
         # Step 3: query x of a block sits at window column x + B, so |i - j| <= r is |y - x - B| <= r.
@@ -121,21 +121,21 @@ class LongformerAttention(Attention):
 
         # Step 4: one softmax over [global keys, local band].
         if num_global:
-            k_global, v_global = k[:, :, :num_global], v[:, :, :num_global]  # (b, h, g, d)
+            k_global, v_global = k[:, :, :num_global], v[:, :, :num_global]  # (b, h, g, d), (b, h, g, dv)
             global_scores = torch.einsum("bhcxd,bhgd->bhcxg", q_blocks, k_global)  # (b, h, c, B, g)
             global_key = real[:, None, None, None, :num_global]  # (b, 1, 1, 1, g)
             scores = torch.cat([global_scores.masked_fill(~global_key, _MASKED), scores], dim=-1)  # (b, h, c, B, g+3B)
         probs = F.dropout(scores.softmax(dim=-1), dropout)  # (b, h, c, B, g+3B)
-        out = torch.einsum("bhcxy,bhcdy->bhcxd", probs[..., num_global:], v_windows)  # (b, h, c, B, d)
+        out = torch.einsum("bhcxy,bhcdy->bhcxd", probs[..., num_global:], v_windows)  # (b, h, c, B, dv)
         if num_global:
-            out = out + torch.einsum("bhcxg,bhgd->bhcxd", probs[..., :num_global], v_global)  # (b, h, c, B, d)
-        out = out.reshape(batch, heads, num_blocks * block, head_dim)[:, :, :n]  # (b, h, n, d)
+            out = out + torch.einsum("bhcxg,bhgd->bhcxd", probs[..., :num_global], v_global)  # (b, h, c, B, dv)
+        out = out.reshape(batch, heads, num_blocks * block, v.shape[-1])[:, :, :n]  # (b, h, n, dv)
 
         # Step 5: the global queries attend to every key.
         if num_global:
             row_scores = q[:, :, :num_global] @ k.transpose(-1, -2)  # (b, h, g, n)
             row_scores = row_scores.masked_fill(~real[:, None, None, :], _MASKED)
             row_probs = F.dropout(row_scores.softmax(dim=-1), dropout)  # (b, h, g, n)
-            out = torch.cat([row_probs @ v, out[:, :, num_global:]], dim=2)  # (b, h, n, d)
+            out = torch.cat([row_probs @ v, out[:, :, num_global:]], dim=2)  # (b, h, n, dv)
 
         return zero_masked_queries(out, mask).to(dtype)  # step 6 (the crop happened above)

@@ -26,7 +26,15 @@ Step by step, per forward call:
    the eps term) and keeps every exponent <= 0, so nothing overflows.
 3. Padded keys get phi = 0, so they drop out of both sums; padded query rows are set to zero.
 4. out = phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1), with the authors' guard that adds 2 eps to a
-   normaliser of size <= eps (a sequence whose every key is padded has normaliser 0).
+   normaliser of size <= eps (a sequence whose every key is padded has normaliser 0). The guard
+   fires far more often than on empty rows: the key stabiliser is a max over every key and feature,
+   so most keys' features are tiny and many normalisers fall below eps, and a guarded row comes out
+   scaled by normaliser / (normaliser + 2 eps) <= 1/3. Share of query rows guarded with the default
+   config (256 features, eps 1e-6; q, k with i.i.d. N(0, 1) entries, batch 4 x 2 heads, no padding;
+   mean over seeds 0-4 and range; ``pytest -s tests/attention_zoo/test_performer.py -k guard``,
+   2-core CPU): head dim 32: 9.2% (4.6-15.3%) at n = 256, 5.3% (2.3-7.0%) at n = 1024; head dim
+   64: 86% (83-90%) at n = 256, 70% (66-73%) at n = 1024. The Table 3 preset (eps 1e-4, kernel
+   exp(q.k / d)) guarded no row at head dim 64, n = 1024.
 
 Choices where the sources differ or are silent:
 

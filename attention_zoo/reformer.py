@@ -134,13 +134,14 @@ class ReformerAttention(Attention):
         position = torch.arange(padded, device=q.device)
         order = (buckets * padded + position).argsort(dim=-1)  # (b, h, r, n_pad): positions by (bucket, position)
 
-        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # (b, h, n_pad, d) -> (b, h, r*n_pad/c, c, d)
-            index = order.flatten(2)[..., None].expand(-1, -1, -1, dim)  # (b, h, r*n_pad, d)
-            return x.gather(2, index).view(batch, heads, -1, chunk, dim)
+        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # (b, h, n_pad, e) -> (b, h, r*n_pad/c, c, e)
+            width = x.shape[-1]  # the query/key dim, or the value dim where v's differs
+            index = order.flatten(2)[..., None].expand(-1, -1, -1, width)  # (b, h, r*n_pad, e)
+            return x.gather(2, index).view(batch, heads, -1, chunk, width)
 
         query = to_chunks(q)  # (b, h, C, c, d)
         key = look_one_back(to_chunks(F.normalize(k, dim=-1)))  # (b, h, C, 2c, d)
-        value = look_one_back(to_chunks(v))  # (b, h, C, 2c, d)
+        value = look_one_back(to_chunks(v))  # (b, h, C, 2c, dv)
         query_pos = order.view(batch, heads, -1, chunk)  # (b, h, C, c)
         key_pos = look_one_back(query_pos)  # (b, h, C, 2c)
         key_real = real.gather(1, key_pos.flatten(1)).view_as(key_pos)  # (b, h, C, 2c)
@@ -149,12 +150,13 @@ class ReformerAttention(Attention):
         scores = scores.masked_fill(~key_real[..., None, :], PAD_SCORE)
         scores = scores.masked_fill(query_pos[..., :, None] == key_pos[..., None, :], SELF_SCORE)
         # softmax rather than exp(scores - lse): near -1e5, float32 would round lse by up to 0.004.
-        out = scores.softmax(dim=-1) @ value  # (b, h, C, c, d)
+        out = scores.softmax(dim=-1) @ value  # (b, h, C, c, dv)
         lse = scores.logsumexp(dim=-1)  # (b, h, C, c)
 
         # Undo the sort, then weigh each round by its share of the total softmax mass.
         unsort = order.argsort(dim=-1)  # (b, h, r, n_pad): where each position sits in its round's order
-        out = out.view(batch, heads, rounds, padded, dim).gather(3, unsort[..., None].expand(-1, -1, -1, -1, dim))
+        value_dim = v.shape[-1]
+        out = out.view(batch, heads, rounds, padded, value_dim).gather(3, unsort[..., None].expand(-1, -1, -1, -1, value_dim))
         lse = lse.view(batch, heads, rounds, padded).gather(3, unsort)  # (b, h, r, n_pad)
-        out = (lse.softmax(dim=2)[..., None] * out).sum(dim=2)  # (b, h, n_pad, d)
+        out = (lse.softmax(dim=2)[..., None] * out).sum(dim=2)  # (b, h, n_pad, dv)
         return zero_masked_queries(out[:, :, :n].to(dtype), mask)

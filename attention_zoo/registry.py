@@ -42,7 +42,8 @@ class NoHyperparameters:
 class Attention(nn.Module):
     """Base class of every core attention.
 
-    The core attention maps ``q, k, v`` of shape ``(batch, heads, seq, head_dim)`` and an optional
+    The core attention maps ``q, k`` of shape ``(batch, heads, seq, head_dim)``, ``v`` of shape
+    ``(batch, heads, seq, value_dim)`` (``value_dim`` may differ from ``head_dim``) and an optional
     key-padding ``mask`` of shape ``(batch, seq)`` (bool, ``True`` = real token) to an output of
     the same shape as ``v``. Contract: masked keys never contribute, masked query rows come out as
     zeros, any ``seq >= 1`` works, and float32/float16/bfloat16 inputs give outputs of that dtype.

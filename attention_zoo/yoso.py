@@ -6,7 +6,8 @@ and samples all of them at once with one hash per sample:
 
 1. l2-normalise queries and keys;
 2. draw ``m`` hash functions of ``tau`` bits (the fast Hadamard rotation ``H D3 H D2 H D1`` by
-   default, independent Gaussian hyperplanes as an option), fresh on every call from torch's RNG;
+   default, independent Gaussian hyperplanes with ``hash_projection: gaussian``, see "Hash family"
+   below), fresh on every call from torch's RNG;
 3. YOSO-m: for each hash, add every real key's value to its bucket and read each query's bucket:
    ``Y_i = (1/m) sum_h sum_j [h(q_i) = h(k_j)] v_j``, an unbiased estimate of ``E V`` with
    ``E_ij = (1 - arccos(q_i . k_j)/pi)^tau``; the table holds value sums only;
@@ -29,28 +30,62 @@ Backward (``backward``), with the same hash codes as the forward:
   of colliding at least once. It is biased towards zero for pairs that rarely collide, where f'
   itself is small. Time is proportional to the number of colliding pairs.
 
-Measured against the true gradient of ``E V`` (mean of 60 draws of 32 Hadamard hashes, tau = 8,
-n = 64, d = 16, unit q and k = normalise(q + noise); ``pytest -s tests/attention_zoo/test_yoso.py
--k closer_to_the_true``), w.r.t. Q:
+Which estimator is closer to the true gradient of ``E V`` depends on how closely queries and keys
+align. Measured w.r.t. Q (``pytest -s tests/attention_zoo/test_yoso.py -k closer_to_the_true``, 2-core
+CPU): 64 tokens of which the last 4 are padded, q_i, xi_i, v_i, g_i ~ N(0, I_16), q_i scaled to unit
+length and k_i = normalise(q_i + noise * xi_i); each estimator's mean over 60 draws of 32 Hadamard
+hashes (tau = 8) against the dense true gradient; the mean over data seeds 0-5, (min-max):
 
-=================  =====================  =====================
-k = q + noise       cosine (exact / lb)    relative error (exact / lb)
-=================  =====================  =====================
-noise 0.5 (close)   0.996 / 0.982          0.18 / 0.59
-noise 1.5 (loose)   0.951 / 0.984          0.33 / 0.41
-=================  =====================  =====================
+=====  =============  ===================  ===================  =============  =============
+noise  cos(q_i, k_i)  rel. error exact     rel. error lb        cosine ex./lb  norm ex./lb
+=====  =============  ===================  ===================  =============  =============
+0.1    0.93           0.17 (0.15-0.19)     0.57 (0.55-0.60)     0.997 / 0.988  0.85 / 0.44
+0.3    0.64           0.38 (0.32-0.40)     0.40 (0.39-0.41)     0.939 / 0.982  0.79 / 0.63
+1.0    0.24           0.54 (0.49-0.62)     0.46 (0.44-0.48)     0.886 / 0.964  0.61 / 0.59
+=====  =============  ===================  ===================  =============  =============
 
-``exact`` keeps about 0.84 of the true gradient's norm, ``lower_bound`` 0.43-0.62: the exact
-estimator is closer overall, and in direction where queries and keys align; the lower bound's
-direction is slightly better where they align loosely.
+On every seed: the lower bound keeps under 0.7 of the true gradient's norm; where keys are close
+copies of their queries (cos 0.93) ``exact`` has the much lower error; from cos 0.64 down the lower
+bound points closer to the true gradient (cosine), and at cos 0.24 its error is lower too. In between
+(cos 0.64) the errors are within 0.09 of each other and which is lower depends on the seed.
+
+Hash family. The tau bits of one Hadamard hash are tau orthogonal directions of one pseudo-random
+rotation, not independent hyperplanes, and such a hash collides less often than ``(1 - theta/pi)^tau``,
+the more so the wider the angle (``pytest -s tests/attention_zoo/test_yoso.py -k collide_less``: 128
+random pairs x 1024 hashes, d = 32, tau = 8; relative to the law, standard error 0.2-1.9%):
+
+========  ======  =======  =======  =======  =======
+theta     0.1     0.3      0.5      0.8      1.2
+========  ======  =======  =======  =======  =======
+Hadamard  -0.1%   -1.1%    -3.1%    -9.3%    -23.3%
+Gaussian  -0.1%   -0.4%    +0.5%    +0.4%    -0.1%
+========  ======  =======  =======  =======  =======
+
+So Hadamard YOSO-m estimates a slightly different ``E`` and its error against ``E V`` levels off
+as m grows, while with ``hash_projection: gaussian`` (independent Gaussian hyperplanes, the unbiased
+option) it keeps falling like 1/sqrt(m). Relative error of ``(1/m) sum_h B_h V`` against ``E V``
+(``-k levels_off``: n = 256, d = 32, tau = 8, unit q_i ~ N(0, I), k_i = normalise(q_i + 0.3 xi_i)):
+
+========  =====  =====  ======  ======  =======
+m         32     256    1024    4096    16384
+========  =====  =====  ======  ======  =======
+Hadamard  1.38   0.54   0.33    0.26    0.24
+Gaussian  1.67   0.58   0.29    0.14    0.07
+========  =====  =====  ======  ======  =======
+
+At few hashes (m = 32, the yoso-32 preset) the rotation's orthogonal bits give the lower variance
+and the lower error, and one rotation, O(d log d), yields d / tau hashes where Gaussian hyperplanes
+cost O(d tau) per hash: Hadamard, the official code's family, stays the default.
 
 YOSO-E (``expectation: true``) computes ``normalise(E V)`` densely, O(n^2): with ``backward: exact``
 its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays finite), with
 ``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
 
 tau (``hash_bits``) defaults to the paper's LRA rule, log2 of the padded length (11 for ListOps'
-2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. The ops run on
-``yoso_cuda``'s compiled kernels when they are built, else on its pure-PyTorch reference.
+2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. Hashing and
+the cumulations with their gradient estimators are ``yoso_cuda``'s (``hash_queries_and_keys``, the
+differentiable op ``lsh_attention``); ``backend`` runs them on its compiled kernels where they are
+built (``auto``), on the kernels or an error (``compiled``), or on its pure-PyTorch reference.
 """
 
 from __future__ import annotations
@@ -63,7 +98,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yoso_cuda import ops, reference
+import yoso_cuda
 
 from ._checks import check_inputs, zero_masked_queries
 from .registry import Attention, register
@@ -78,7 +113,8 @@ class YosoConfig:
     backward: Literal["lower_bound", "exact"] = "lower_bound"  # YOSO's (tau/2)-surrogate, or *YOSO's derivative
     conv_window: int | None = None  # YOSO-C: width of the per-head depthwise convolution of V (odd)
     expectation: bool = False  # YOSO-E: the exact expectation, O(n^2), instead of m hashes
-    hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes
+    hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes (unbiased)
+    backend: Literal["auto", "compiled", "reference"] = "auto"  # yoso_cuda's kernels where built, or a forced choice
 
     def __post_init__(self) -> None:
         if self.num_hashes < 1:
@@ -89,42 +125,12 @@ class YosoConfig:
             raise ValueError(f"conv_window must be a positive odd width (centred on each token), got {self.conv_window}")
 
 
-class LSHCumulation(torch.autograd.Function):
-    """``Y = (1/m) sum_h B_h V`` with YOSO's ``lower_bound`` or ``exact`` gradient estimates."""
-
-    @staticmethod
-    def forward(ctx, queries, keys, values, mask, query_codes, key_codes, hash_bits, backward):
-        ctx.save_for_backward(queries, keys, values, mask, query_codes, key_codes)
-        ctx.hash_bits, ctx.backward = hash_bits, backward
-        return ops.lsh_cumulation(query_codes, mask, key_codes, mask, values, hash_bits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        queries, keys, values, mask, query_codes, key_codes = ctx.saved_tensors
-        tau = ctx.hash_bits
-        grad_q = grad_k = grad_v = None
-        if ctx.needs_input_grad[2]:
-            grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau)
-        if ctx.backward == "lower_bound":
-            # grad q_i and grad k_j share the pair weights (g_i . v_j): one pass computes both.
-            grad_q, grad_k = ops.lsh_weighted_cumulation_both(
-                query_codes, mask, grad, queries, key_codes, mask, values, keys, tau
-            )
-            grad_q, grad_k = (tau / 2) * grad_q, (tau / 2) * grad_k
-        else:
-            if ctx.needs_input_grad[0]:
-                grad_q = ops.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau)
-            if ctx.needs_input_grad[1]:
-                grad_k = ops.lsh_collided_gradient(key_codes, mask, keys, values, query_codes, mask, queries, grad, tau)
-        return grad_q, grad_k, grad_v, None, None, None, None, None
-
-
 class ExpectationLowerBound(torch.autograd.Function):
     """YOSO-E's ``E V`` with the dense (tau/2) E surrogate gradient of the official yoso_v1."""
 
     @staticmethod
     def forward(ctx, queries, keys, values, pair_mask, hash_bits):
-        weights = reference.expected_collisions(queries, keys, hash_bits) * pair_mask  # (B, n, n)
+        weights = yoso_cuda.expected_collisions(queries, keys, hash_bits) * pair_mask  # (B, n, n)
         ctx.save_for_backward(queries, keys, values, weights)
         ctx.hash_bits = hash_bits
         return weights @ values
@@ -167,7 +173,7 @@ class YosoAttention(Attention):
         folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
         queries = F.normalize(q.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
         keys = F.normalize(k.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        values = v.float().reshape(batch * heads, length, dim)  # (B, n, d)
+        values = v.float().reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
 
         if self.config.expectation:
             pair_mask = (folded_mask[:, :, None] & folded_mask[:, None, :]).float()  # (B, n, n)
@@ -177,20 +183,18 @@ class YosoAttention(Attention):
                 out = ExpectationLowerBound.apply(queries, keys, values, pair_mask, self.hash_bits)
         else:
             query_codes, key_codes = self.hash(queries.detach(), keys.detach())
-            out = LSHCumulation.apply(
-                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward
+            out = yoso_cuda.lsh_attention(
+                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward,
+                self.config.backend,
             )
-        out = F.normalize(out, dim=-1).view(batch, heads, length, dim)  # (b, h, n, d)
+        out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
         if self.conv is not None:
             out = out + self.conv(v.float() * real[:, None, :, None])  # (b, h, n, d)
         return zero_masked_queries(out, mask).to(v.dtype)
 
     def hash(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``(B, n, m)`` of queries and keys under the same fresh hash functions."""
-        m, tau = self.config.num_hashes, self.hash_bits
-        batch, _, dim = queries.shape
-        if self.config.hash_projection == "gaussian":
-            projections = reference.random_projections(batch, dim, m, tau, queries.device)
-            return (reference.gaussian_hash_codes(x, projections, m, tau) for x in (queries, keys))
-        signs = reference.random_signs(batch, dim, m, tau, queries.device)
-        return ops.hash_codes(queries, signs, m, tau), ops.hash_codes(keys, signs, m, tau)
+        config = self.config
+        return yoso_cuda.hash_queries_and_keys(
+            queries, keys, config.num_hashes, self.hash_bits, config.hash_projection, config.backend
+        )

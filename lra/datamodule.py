@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytorch_lightning as pl
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader
 from .data.tasks import TaskData, load_task, prepare_task
 
 SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
+log = logging.getLogger(__name__)
 
 
 class LRADataModule(pl.LightningDataModule):
@@ -34,7 +36,7 @@ class LRADataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         # Once per node (Lightning calls it on one process): generate if needed, then prepare or
         # verify the cache; setup() on every process only memory-maps it.
-        prepare_task(self.task, self.data)
+        prepare_task(self.task, self.data, log=log.info)
 
     def setup(self, stage: str | None = None) -> None:
         if self.task_data is None:

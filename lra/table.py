@@ -1,14 +1,33 @@
-"""Table 3 of the YOSO paper from the runs' ``results.json`` files: ``python -m lra.table``.
+"""Table 3 of the YOSO paper from the runs' records: ``python -m lra.table``.
 
-Gathers every ``results.json`` under the output folders (``outputs/`` by default) and every run
-record committed under ``results/runs/``, and writes ``results/table3.{md,csv,tex}`` and
-``results/table3.png``: one table per protocol (the paper's, ``table3_short``, ...), rows in the
-paper's order followed by any other attention, the five tasks and their average, each cell the mean
-+- standard deviation of the test accuracy over seeds, the paper's number beside it and the
-difference, the best mean of each task in bold. A cell on generated data is marked, as is a
-protocol that is not the paper's. ``--collect`` first copies every finished run from the output
-folders into ``results/runs/`` (one small JSON each, without machine-specific paths), the form in
-which runs are committed. Writing twice from the same runs gives the same files.
+Reads every ``results.json`` under the output folder (``outputs/``, ``$LRA_OUTPUT_DIR``) and the run
+records committed under ``results/runs/``, and writes ``table3.{md,csv,tex,png}`` into the output
+folder: the user's table, beside the user's runs. ``--collect`` copies the finished local runs into
+``results/runs/`` (one small JSON each, without machine-specific paths), and ``--committed`` (implied
+by ``--collect``) writes ``results/table3.*`` from the committed records alone, so the committed
+table never holds a run that is not committed beside it.
+
+Rules:
+
+* A cell pools only runs whose whole configuration is equal but for the seed: task, attention and
+  every hyperparameter, model, every protocol field, sequence length, data settings and the data
+  source the run used. Two records of one configuration and seed count once: the latest finished
+  (copies of one run, e.g. in ``outputs/`` and ``results/runs/``, are one record; distinct runs are
+  named in the table).
+* Runs that differ otherwise are never averaged: a section is one protocol (its ``name``) with the
+  values of every setting that differs between the protocol's runs of a task (``protocol.max_steps=20``),
+  and within a section, runs of one row that still differ (a preset changed, another data source)
+  are separate rows labelled by what differs.
+* A cell shows the mean test accuracy (%) and its standard error: over seeds (std / sqrt(k)) where it
+  has k >= 2 seeds, else the binomial standard error of one accuracy on its n test samples,
+  sqrt(p (1 - p) / n). The best mean of a task is bold only when it beats the next row by more than
+  twice the standard error of their difference.
+* The paper's number and the difference are printed only in sections whose protocol and model are
+  the paper's (``conf/task/<task>.yaml`` and ``conf/model/lra.yaml``, as ``experiment=paper``
+  composes them); other sections say what differs and compare rows with each other only.
+* "Did not finish" names only configurations and seeds with no finished run.
+
+Writing twice from the same records gives the same files.
 """
 
 from __future__ import annotations
@@ -17,14 +36,18 @@ import argparse
 import json
 import math
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
+
+import pandas as pd
 
 from .results import RESULTS_FILE
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 #: Table 3 of the YOSO paper (ICML 2021): test accuracy (%) per row (our preset names) and task.
 PAPER_TABLE3: dict[str, dict[str, float]] = {
@@ -49,29 +72,30 @@ PAPER_LABELS = {
 }
 # Paths differ per machine and mean nothing in a committed record.
 MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
+# The parts of a record that configure a run (flattened into the keys a cell must agree on).
+CONFIG_PARTS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data")
+# Keys that name the row, not the section: the attention and its hyperparameters.
+ROW_KEYS = ("attention", "attention_hparams.")
+NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
+BEST_MARGIN = 2.0  # "best" only beyond this many standard errors of the difference to the next row
 
 
 def find_records(folders: Iterable[Path]) -> list[dict[str, Any]]:
-    """Every run record under ``folders`` (``results.json`` files and ``results/runs/*.json``),
-    once per configuration: where the same run is found twice, a finished copy wins."""
-    by_config: dict[str, dict[str, Any]] = {}
+    """Every run record under ``folders`` (``results.json`` files and ``*.json`` run records)."""
+    records = []
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
             continue
-        paths = sorted(folder.rglob(RESULTS_FILE)) + sorted(folder.glob("*.json"))
-        for path in paths:
+        for path in sorted(folder.rglob(RESULTS_FILE)) + sorted(folder.glob("*.json")):
             try:
                 record = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as error:
                 raise SystemExit(f"error: {path} is not a readable run record ({error})") from None
-            if not isinstance(record, dict) or "config_hash" not in record or "task" not in record:
-                continue
-            record.setdefault("row", record.get("attention"))
-            known = by_config.get(record["config_hash"])
-            if known is None or (known.get("status") != "finished" and record.get("status") == "finished"):
-                by_config[record["config_hash"]] = record
-    return [by_config[key] for key in sorted(by_config)]
+            if isinstance(record, dict) and "config_hash" in record and "task" in record:
+                record.setdefault("row", record.get("attention"))
+                records.append(record)
+    return records
 
 
 def run_file_name(record: dict[str, Any]) -> str:
@@ -93,21 +117,69 @@ def collect(records: list[dict[str, Any]], runs_dir: Path) -> int:
     return new
 
 
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        items = {}
+        for key in sorted(value):
+            items.update(flatten(value[key], f"{prefix}{key}."))
+        return items
+    return {prefix[:-1]: json.dumps(value, sort_keys=True)}
+
+
+def settings(record: dict[str, Any]) -> dict[str, str]:
+    """The record's configuration, flattened to ``key: JSON value``, seed excluded."""
+    flat = {}
+    for part in CONFIG_PARTS:
+        flat.update(flatten(record[part], f"{part}.") if part in record else {part: json.dumps(NOT_RECORDED)})
+    return flat
+
+
+def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per distinct run: its identity, configuration and result."""
+    rows = []
+    for record in records:
+        config = settings(record)
+        finished = record.get("status") == "finished"
+        rows.append({
+            "task": record["task"], "row": record["row"], "seed": record["seed"],
+            "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
+            "status": record.get("status", "unknown"), "error": record.get("error") or "",
+            "finished_at": record.get("finished_at") or "", "config_hash": record["config_hash"],
+            "setting": json.dumps(config, sort_keys=True),
+            # A finished run also says which data it used (source=auto resolves to one of two).
+            "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
+            "accuracy": 100 * record["test_acc"] if finished else math.nan,
+            "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
+            "model": record.get("model"), "protocol_fields": record.get("protocol"),
+        })
+    runs = pd.DataFrame(rows)
+    # The same run found twice (outputs/ and results/runs/) is one record.
+    return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
+
+
 @dataclass
 class Cell:
-    accuracies: list[float] = field(default_factory=list)  # test accuracy (%) per seed
-    data_sources: set[str] = field(default_factory=set)
+    accuracies: list[float]  # test accuracy (%) per seed
+    seeds: list[int]
+    num_test: list[int]
+    data_sources: list[str]
+    paper: float | None = None  # the paper's number, where the section is the paper's protocol
 
     @property
     def mean(self) -> float:
         return sum(self.accuracies) / len(self.accuracies)
 
     @property
-    def std(self) -> float:  # sample standard deviation over seeds; 0 for one seed
-        n = len(self.accuracies)
-        if n < 2:
-            return 0.0
-        return math.sqrt(sum((a - self.mean) ** 2 for a in self.accuracies) / (n - 1))
+    def std(self) -> float:
+        return float(pd.Series(self.accuracies).std()) if len(self.accuracies) > 1 else math.nan
+
+    @property
+    def standard_error(self) -> float:
+        """Over seeds where there are several, else the binomial error of one run's accuracy."""
+        if len(self.accuracies) > 1:
+            return self.std / math.sqrt(len(self.accuracies))
+        p = self.mean / 100
+        return 100 * math.sqrt(p * (1 - p) / self.num_test[0]) if self.num_test[0] else math.nan
 
     @property
     def generated(self) -> bool:
@@ -115,206 +187,330 @@ class Cell:
 
 
 @dataclass
-class Table:
+class Section:
     protocol: str
-    cells: dict[tuple[str, str], Cell]  # (row, task) -> cell
-    failed: list[dict[str, Any]]
+    differs: tuple[tuple[str, str], ...]  # (key, JSON value) the section's runs share and others of the protocol do not
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (row label, task) -> cell
+    rows: list[str] = field(default_factory=list)  # row labels in table order
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    paper_protocol: bool = False
+    not_paper_because: str = ""
 
     @property
-    def rows(self) -> list[str]:
-        present = {row for row, _ in self.cells} | {r["row"] for r in self.failed}
-        return [r for r in PAPER_ROWS if r in present] + sorted(present - set(PAPER_ROWS))
+    def title(self) -> str:
+        return self.protocol + "".join(f", {key}={json.loads(value)}" for key, value in self.differs)
+
+    @property
+    def tasks(self) -> list[str]:
+        present = {task for _, task in self.cells}
+        return [task for task in TASKS if task in present] + sorted(present - set(TASKS))
 
     def average(self, row: str) -> float | None:
         """The mean over the five tasks, only when every task has a cell (like the paper's Avg)."""
         cells = [self.cells.get((row, task)) for task in TASKS]
         return None if any(c is None for c in cells) else sum(c.mean for c in cells) / len(TASKS)
 
-    def best(self, task: str) -> float | None:
-        means = [cell.mean for (row, t), cell in self.cells.items() if t == task]
-        return max(means) if means else None
+    def best(self, task: str) -> str | None:
+        """The row whose mean beats every other row of ``task`` by more than the noise, if any."""
+        ranked = sorted(((cell.mean, row) for (row, t), cell in self.cells.items() if t == task), reverse=True)
+        if len(ranked) < 2:
+            return None
+        (top, top_row), (second, second_row) = ranked[:2]
+        noise = math.hypot(self.cells[top_row, task].standard_error, self.cells[second_row, task].standard_error)
+        return top_row if top - second > BEST_MARGIN * noise else None
 
 
-def build_tables(records: list[dict[str, Any]]) -> list[Table]:
-    by_protocol: dict[str, Table] = {}
-    for record in records:
-        protocol = record["protocol"]["name"]
-        table = by_protocol.setdefault(protocol, Table(protocol, {}, []))
-        if record.get("status") != "finished":
-            table.failed.append(record)
+@cache
+def paper_setup(task: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The paper's protocol and model for ``task`` as ``experiment=paper`` composes them."""
+    if not (CONF_DIR / "task" / f"{task}.yaml").is_file():
+        return None
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    return OmegaConf.to_container(cfg.task.protocol), OmegaConf.to_container(cfg.model)
+
+
+def row_order(label: str) -> tuple[int, str]:
+    base = label.split(" ")[0]
+    return (PAPER_ROWS.index(base) if base in PAPER_ROWS else len(PAPER_ROWS), label)
+
+
+def build_sections(records: list[dict[str, Any]]) -> list[Section]:
+    runs = frame(records)
+    if runs.empty:
+        return []
+    config = runs["setting"].map(json.loads)
+    finished = runs[runs["status"] == "finished"]
+    # Keys whose values differ between a protocol's runs of one task, the row's own keys aside.
+    differs: dict[tuple[str, str], list[str]] = {}
+    for (protocol, task), group in runs.groupby(["protocol", "task"]):
+        keys = sorted({key for c in config[group.index] for key in c})
+        differs[protocol, task] = [
+            key for key in keys if not key.startswith(ROW_KEYS)
+            and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
+        ]
+
+    def section_key(index: int) -> tuple[str, tuple[tuple[str, str], ...]]:
+        protocol, task = runs.at[index, "protocol"], runs.at[index, "task"]
+        return protocol, tuple((key, config[index].get(key, json.dumps(NOT_RECORDED))) for key in differs[protocol, task])
+
+    sections: dict[tuple, Section] = {}
+    latest = finished.sort_values("finished_at").groupby(["setting", "data_source", "seed"], sort=False)
+    pooled: dict[tuple, dict[tuple, list[int]]] = {}  # section -> (row, task) -> indices of pooled runs
+    for (setting, data_source, seed), group in latest:
+        keep = group.index[-1]
+        key = section_key(keep)
+        section = sections.setdefault(key, Section(*key))
+        if len(group) > 1:
+            section.duplicates.append(
+                f"{runs.at[keep, 'task']} / {runs.at[keep, 'row']} / seed {seed}: {len(group)} runs of one "
+                f"configuration, the latest ({runs.at[keep, 'finished_at']}) counts"
+            )
+        pooled.setdefault(key, {}).setdefault((runs.at[keep, "row"], runs.at[keep, "task"]), []).append(keep)
+
+    for key, by_cell in pooled.items():
+        section = sections[key]
+        for (row, task), indices in by_cell.items():
+            # Runs of one row and task that still differ (a changed preset, another data source) are separate rows.
+            variants: dict[tuple, list[int]] = {}
+            for index in indices:
+                variants.setdefault((runs.at[index, "setting"], runs.at[index, "data_source"]), []).append(index)
+            for (setting, data_source), members in variants.items():
+                label = row
+                if len(variants) > 1:
+                    others = [json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)]
+                    mine = json.loads(setting) | {"data_source": json.dumps(data_source)}
+                    diff = sorted(k for k in mine if any(o.get(k) != mine[k] for o in others))
+                    label = f"{row} ({', '.join(f'{k}={json.loads(mine[k])}' for k in diff)})"
+                members = sorted(members, key=lambda i: runs.at[i, "seed"])
+                section.cells[label, task] = Cell(
+                    accuracies=[runs.at[i, "accuracy"] for i in members],
+                    seeds=[int(runs.at[i, "seed"]) for i in members],
+                    num_test=[runs.at[i, "num_test"] or 0 for i in members],
+                    data_sources=sorted({runs.at[i, "data_source"] for i in members}),
+                )
+                section.rows.append(label)
+                paper_check(section, task, runs.loc[members[0]])
+
+    finished_settings = set(zip(finished["setting"], finished["seed"]))
+    unfinished = runs[(runs["status"] != "finished")].sort_values("finished_at")
+    for (setting, seed), group in unfinished.groupby(["setting", "seed"], sort=False):
+        if (setting, seed) in finished_settings:
             continue
-        cell = table.cells.setdefault((record["row"], record["task"]), Cell())
-        cell.accuracies.append(100 * record["test_acc"])
-        cell.data_sources.add(record.get("data_source", "unknown"))
+        index = group.index[-1]
+        key = section_key(index)
+        sections.setdefault(key, Section(*key)).failed.append(runs.loc[index].to_dict())
+
+    for section in sections.values():
+        section.rows = sorted(set(section.rows), key=row_order)
+        if section.paper_protocol:
+            for (row, task), cell in section.cells.items():
+                cell.paper = PAPER_TABLE3.get(row, {}).get(task)
     # The paper's protocol first, then the others by name.
-    return sorted(by_protocol.values(), key=lambda t: (t.protocol != "paper", t.protocol))
+    return sorted(sections.values(), key=lambda s: (s.protocol != "paper", s.protocol, s.differs))
+
+
+def paper_check(section: Section, task: str, run: pd.Series) -> None:
+    """Mark the section as the paper's protocol while every cell matches it; say what differs otherwise."""
+    if section.not_paper_because:
+        return
+    setup = paper_setup(task)
+    if section.protocol != "paper" or setup is None:
+        reason = f"protocol.name={section.protocol}"
+    else:
+        protocol, model = setup
+        differ = [f"protocol.{k}" for k in protocol if (run["protocol_fields"] or {}).get(k) != protocol[k]]
+        differ += [f"model.{k}" for k in model if (run["model"] or {}).get(k) != model[k]]
+        reason = ", ".join(differ)
+    if reason:
+        section.paper_protocol, section.not_paper_because = False, reason
+    else:
+        section.paper_protocol = True
 
 
 def row_label(row: str) -> str:
-    return PAPER_LABELS.get(row, row)
+    base, _, rest = row.partition(" ")
+    return PAPER_LABELS.get(base, base) + (f" {rest}" if rest else "")
 
 
-def paper_number(row: str, task: str) -> float | None:
-    return PAPER_TABLE3.get(row, {}).get(task)
-
-
-def format_cell(table: Table, row: str, task: str, bold: tuple[str, str] = ("**", "**")) -> str:
-    cell = table.cells.get((row, task))
-    paper = paper_number(row, task)
+def cell_text(section: Section, row: str, task: str, bold: tuple[str, str] = ("**", "**"), pm: str = "±") -> str:
+    cell = section.cells.get((row, task))
     if cell is None:
-        return "–" if paper is None else f"– ({paper:.2f})"
-    text = f"{cell.mean:.2f} ± {cell.std:.2f}" if len(cell.accuracies) > 1 else f"{cell.mean:.2f}"
-    if table.best(task) == cell.mean:
+        return "–"
+    text = f"{cell.mean:.2f} {pm} {cell.standard_error:.2f}"
+    if section.best(task) == row:
         text = f"{bold[0]}{text}{bold[1]}"
     if cell.generated:
         text += "†"
-    if paper is not None:
-        text += f" ({paper:.2f}, {cell.mean - paper:+.2f})"
+    if cell.paper is not None:
+        text += f" ({cell.paper:.2f}, {cell.mean - cell.paper:+.2f})"
     return text
 
 
-def markdown(tables: list[Table]) -> str:
+def describe_section(section: Section) -> list[str]:
+    """The sentences under a section's title: its protocol, the cells' seeds and test sizes."""
+    if section.paper_protocol:
+        lines = ["The paper's protocol and model: each cell is followed by (the paper's number, measured − paper)."]
+    elif section.protocol != "paper":
+        lines = [f"Protocol `{section.protocol}`, not the paper's: compare rows with each other, not with the paper's numbers."]
+    else:
+        lines = [f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
+                 "other, not with the paper's numbers."]
+    seeds = sorted({len(cell.seeds) for cell in section.cells.values()})
+    sizes = {task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test})
+             for task in section.tasks}
+    if seeds:
+        lines.append(f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
+                     + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items()) + ".")
+    return lines
+
+
+def markdown(sections: list[Section], source: str) -> str:
     lines = [
         "# Table 3: LRA test accuracy (%)",
         "",
-        "Generated by `python -m lra.table` from the run records in `results/runs/` (and any local",
-        "`outputs/`). Each cell: mean ± std over seeds of the best-validation checkpoint's test accuracy,",
-        "then (the paper's number, measured − paper). Best mean per task in bold. † = generated data",
-        "(the official generators' algorithms, not the LRA release). Rows as in the YOSO paper's Table 3.",
+        f"Generated by `python -m lra.table` from {source}.",
+        "",
+        "Each cell: the mean test accuracy of the best-validation checkpoint ± its standard error (over",
+        "seeds, std / √k, where a cell has k ≥ 2 seeds; else the binomial error √(p(1 − p)/n) of one run",
+        "on its n test samples). Bold: the best of a task where it beats the next row by more than twice",
+        "the standard error of the difference. † = generated data (the official generators' algorithms,",
+        "not the LRA release). A cell pools only runs whose whole configuration is equal but for the",
+        "seed; a section title names the settings in which its runs differ from other runs of the same",
+        "protocol. Rows as in the YOSO paper's Table 3.",
     ]
-    for table in tables:
-        seeds = sorted({len(c.accuracies) for c in table.cells.values()})
-        lines += ["", f"## Protocol: {table.protocol}", ""]
-        if table.protocol != "paper":
-            lines += [f"A reduced budget (`conf/experiment/{table.protocol}.yaml`), not the paper's: compare rows "
-                      "with each other, not with the paper's numbers.", ""]
-        lines += [f"Seeds per cell: {', '.join(map(str, seeds)) or '–'}.", ""]
-        lines.append("| model | " + " | ".join(TASKS) + " | avg |")
-        lines.append("| --- " * (len(TASKS) + 2) + "|")
-        for row in table.rows:
-            average = table.average(row)
-            paper_avg = (sum(PAPER_TABLE3[row].values()) / len(TASKS)) if row in PAPER_TABLE3 else None
-            avg = "–" if average is None else f"{average:.2f}" + (f" ({paper_avg:.2f})" if paper_avg else "")
-            cells = [format_cell(table, row, task) for task in TASKS]
-            lines.append(f"| {row_label(row)} | " + " | ".join(cells) + f" | {avg} |")
-        if table.failed:
-            lines += ["", "Cells that did not finish:", ""]
-            for record in sorted(table.failed, key=lambda r: (r["task"], r["row"], r["seed"])):
-                error = (record.get("error") or record.get("status", "unknown")).splitlines()[0][:200]
-                lines.append(f"- {record['task']} / {row_label(record['row'])} / seed {record['seed']}: "
-                             f"{record.get('status')}: {error}")
+    for section in sections:
+        tasks = section.tasks
+        with_avg = tasks == list(TASKS)
+        lines += ["", f"## {section.title}", "", *describe_section(section), ""]
+        lines.append("| model | " + " | ".join(TASK_LABELS.get(t, t) for t in tasks) + (" | avg |" if with_avg else " |"))
+        lines.append("| --- " * (len(tasks) + 1 + with_avg) + "|")
+        for row in section.rows:
+            cells = [cell_text(section, row, task) for task in tasks]
+            if with_avg:
+                average = section.average(row)
+                cells.append("–" if average is None else f"{average:.2f}")
+            lines.append(f"| {row_label(row)} | " + " | ".join(cells) + " |")
+        if section.duplicates:
+            lines += ["", "Counted once:", "", *(f"- {text}" for text in sorted(section.duplicates))]
+        if section.failed:
+            lines += ["", "Did not finish (no finished run of the configuration and seed):", ""]
+            for run in sorted(section.failed, key=lambda r: (r["task"], r["row"], r["seed"])):
+                error = (run["error"] or run["status"]).splitlines()[0][:200]
+                lines.append(f"- {run['task']} / {row_label(run['row'])} / seed {run['seed']}: {run['status']}: {error}")
     return "\n".join(lines) + "\n"
 
 
-def csv_text(tables: list[Table]) -> str:
-    header = "protocol,row,task,num_seeds,mean,std,paper,difference,data_source,accuracies"
-    lines = [header]
-    for table in tables:
-        for (row, task), cell in sorted(table.cells.items(), key=lambda item: (table.rows.index(item[0][0]), TASKS.index(item[0][1]) if item[0][1] in TASKS else 99, item[0][1])):
-            paper = paper_number(row, task)
-            values = [
-                table.protocol, row, task, str(len(cell.accuracies)), f"{cell.mean:.4f}", f"{cell.std:.4f}",
-                "" if paper is None else f"{paper:.2f}", "" if paper is None else f"{cell.mean - paper:.4f}",
-                "+".join(sorted(cell.data_sources)), " ".join(f"{a:.4f}" for a in cell.accuracies),
-            ]
-            lines.append(",".join(f'"{v}"' if "," in v else v for v in values))
-    return "\n".join(lines) + "\n"
-
-
-def latex(tables: list[Table]) -> str:
-    parts = ["% Generated by `python -m lra.table`. Cells: measured mean (paper); \\dag = generated data."]
-    for table in tables:
-        parts += [
-            f"% Protocol: {table.protocol}",
-            "\\begin{tabular}{l" + "c" * len(TASKS) + "|c}",
-            "\\toprule",
-            "Method & " + " & ".join(TASKS) + " & Avg \\\\",
-            "\\midrule",
-        ]
-        for row in table.rows:
-            cells = []
-            for task in TASKS:
-                cell = table.cells.get((row, task))
+def cells_frame(sections: list[Section]) -> pd.DataFrame:
+    rows = []
+    for section in sections:
+        for row in section.rows:
+            for task in section.tasks:
+                cell = section.cells.get((row, task))
                 if cell is None:
-                    cells.append("--")
                     continue
-                text = f"{cell.mean:.2f}"
-                if table.best(task) == cell.mean:
-                    text = f"\\textbf{{{text}}}"
-                if len(cell.accuracies) > 1:
-                    text += f"$\\pm${cell.std:.2f}"
-                if cell.generated:
-                    text += "\\dag"
-                paper = paper_number(row, task)
-                if paper is not None:
-                    text += f" ({paper:.2f})"
-                cells.append(text)
-            average = table.average(row)
-            label = row_label(row).replace("_", "\\_")
-            parts.append(f"{label} & " + " & ".join(cells) + f" & {'--' if average is None else f'{average:.2f}'} \\\\")
-        parts += ["\\bottomrule", "\\end{tabular}", ""]
-    return "\n".join(parts) + "\n"
+                rows.append({
+                    "section": section.title, "protocol": section.protocol, "row": row, "task": task,
+                    "num_seeds": len(cell.seeds), "seeds": " ".join(map(str, cell.seeds)),
+                    "num_test": " ".join(map(str, cell.num_test)), "mean": round(cell.mean, 4),
+                    "std": round(cell.std, 4), "standard_error": round(cell.standard_error, 4),
+                    "best": section.best(task) == row, "paper": cell.paper,
+                    "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
+                    "data_source": "+".join(cell.data_sources), "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
+                })
+    return pd.DataFrame(rows)
 
 
-def figure(tables: list[Table], path: Path) -> None:
-    """Measured (bars, with std) against the paper (black ticks), one panel per task, first protocol."""
+def latex(sections: list[Section]) -> str:
+    parts = ["% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
+             " (paper, difference) only under the paper's protocol."]
+    for section in sections:
+        tasks = section.tasks
+        table = pd.DataFrame(
+            [[row_label(row)] + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag")
+                                 for task in tasks] for row in section.rows],
+            columns=["Method", *(TASK_LABELS.get(t, t) for t in tasks)],
+        )
+        table["Method"] = table["Method"].str.replace("_", "\\_").str.replace("*", "$^*$", regex=False)
+        parts += [f"% {section.title}", table.to_latex(index=False, escape=False, column_format="l" + "c" * len(tasks))]
+    return "\n".join(parts)
+
+
+def figure(sections: list[Section], path: Path) -> None:
+    """Mean with its standard error per row (bars), the paper's number (black ticks) in paper sections."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = tables[0]
-    rows = table.rows
-    fig, axes = plt.subplots(1, len(TASKS), figsize=(3.2 * len(TASKS), 0.32 * len(rows) + 1.6), sharey=True)
-    for ax, task in zip(axes, TASKS):
-        for i, row in enumerate(rows):
-            cell = table.cells.get((row, task))
-            if cell is not None:
-                ax.barh(i, cell.mean, xerr=cell.std, color="tab:orange" if row.startswith("yoso") else "tab:blue",
-                        hatch="//" if cell.generated else None, alpha=0.85)
-            paper = paper_number(row, task)
-            if paper is not None:
-                ax.plot([paper, paper], [i - 0.4, i + 0.4], color="black", linewidth=2)
-        ax.set_title(task)
-        ax.set_xlabel("test accuracy (%)")
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(range(len(rows)), [row_label(r) for r in rows])
-    axes[0].invert_yaxis()
-    fig.suptitle(f"LRA Table 3, protocol {table.protocol}: measured (bars; hatched = generated data) vs paper (black)")
+    width = max(len(s.tasks) for s in sections)
+    height = sum(0.3 * len(s.rows) + 1.2 for s in sections)
+    fig, axes = plt.subplots(len(sections), width, figsize=(3.4 * width, height), squeeze=False,
+                             gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]})
+    for axis_row, section in zip(axes, sections):
+        for ax in axis_row[len(section.tasks):]:
+            ax.axis("off")
+        for ax, task in zip(axis_row, section.tasks):
+            for i, row in enumerate(section.rows):
+                cell = section.cells.get((row, task))
+                if cell is not None:
+                    ax.barh(i, cell.mean, xerr=cell.standard_error, color="tab:orange" if row.startswith("yoso") else "tab:blue",
+                            hatch="//" if cell.generated else None, alpha=0.85)
+                    if cell.paper is not None:
+                        ax.plot([cell.paper, cell.paper], [i - 0.4, i + 0.4], color="black", linewidth=2)
+            ax.set_title(f"{TASK_LABELS.get(task, task)} ({section.title})", fontsize=9)
+            ax.set_xlabel("test accuracy (%)")
+            ax.set_yticks(range(len(section.rows)), [row_label(r) for r in section.rows], fontsize=8)
+            ax.invert_yaxis()
+            ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
+                 "number, under its protocol only)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same runs, same bytes
     plt.close(fig)
 
 
-def write_all(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    tables = build_tables(records)
-    if not tables:
+def write_all(records: list[dict[str, Any]], out_dir: Path, source: str) -> list[Path]:
+    sections = build_sections(records)
+    if not sections:
         raise SystemExit("error: no run records found; train some cells first (python -m lra.train ...)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (("table3.md", markdown(tables)), ("table3.csv", csv_text(tables)), ("table3.tex", latex(tables))):
-        (out_dir / name).write_text(text)
-        written.append(out_dir / name)
-    figure(tables, out_dir / "table3.png")
-    return written + [out_dir / "table3.png"]
+    paths = [out_dir / name for name in ("table3.md", "table3.csv", "table3.tex", "table3.png")]
+    paths[0].write_text(markdown(sections, source))
+    cells_frame(sections).to_csv(paths[1], index=False, float_format="%.4f")
+    paths[2].write_text(latex(sections))
+    figure(sections, paths[3])
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:
+    output_dir = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
     parser = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, nargs="*",
-                        default=[Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))],
+    parser.add_argument("--runs", type=Path, nargs="*", default=[output_dir],
                         help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)")
     parser.add_argument("--results", type=Path, default=Path("results"),
-                        help="where the tables go; its runs/ subfolder holds the committed run records")
-    parser.add_argument("--collect", action="store_true", help="copy finished runs into RESULTS/runs/ first")
+                        help="the committed results; their runs/ subfolder holds the committed run records")
+    parser.add_argument("--out", type=Path, default=output_dir,
+                        help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)")
+    parser.add_argument("--collect", action="store_true",
+                        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)")
+    parser.add_argument("--committed", action="store_true",
+                        help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table")
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
-    records = find_records([*args.runs, runs_dir])
     if args.collect:
-        new = collect(records, runs_dir)
+        new = collect(find_records(args.runs), runs_dir)
         print(f"{new} new run records in {runs_dir}")
-        records = find_records([*args.runs, runs_dir])
-    for path in write_all(records, args.results):
+    if args.collect or args.committed:
+        paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`")
+    else:
+        paths = write_all(find_records([*args.runs, runs_dir]), args.out,
+                          f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`")
+    for path in paths:
         print(f"wrote {path}")
 
 

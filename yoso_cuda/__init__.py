@@ -1,5 +1,48 @@
-"""yoso_cuda: YOSO's hashing and LSH-cumulation ops as a compiled torch extension.
+"""yoso_cuda: YOSO's hashing, LSH cumulations and differentiable LSH attention as torch ops.
 
-The compiled ops and their pure-PyTorch reference arrive with the YOSO and kernel issues; the
-package exists now so the distribution's layout is final.
+The public interface (what ``attention_zoo`` uses):
+
+* :func:`lsh_attention`: the differentiable ``yoso::lsh_attention`` op, YOSO-m's cumulation with
+  YOSO's ``lower_bound`` or *YOSO's ``exact`` gradient estimators (:mod:`yoso_cuda.attention`);
+* :func:`hash_queries_and_keys`: fresh hash functions drawn from torch's RNG and the codes of
+  queries and keys under them;
+* :func:`expected_collisions`: YOSO-E's collision probabilities ``(1 - arccos(q . k)/pi)^tau``;
+* the raw ops (:func:`hash_codes`, :func:`lsh_cumulation`, ...), each with a ``backend`` argument:
+  ``"auto"`` (compiled kernels where built), ``"compiled"`` or ``"reference"`` (pure PyTorch);
+* :func:`kernels`: build or load the compiled kernels and report what is available.
+
+``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
+every compiled op with the reference on every available device.
 """
+
+from .attention import BACKWARD_ESTIMATORS, lsh_attention
+from .build import BuildReport, KernelBuildError
+from .ops import (
+    BACKENDS,
+    has_kernel,
+    hash_codes,
+    hash_queries_and_keys,
+    kernels,
+    lsh_collided_gradient,
+    lsh_cumulation,
+    lsh_weighted_cumulation,
+    lsh_weighted_cumulation_both,
+)
+from .reference import expected_collisions
+
+__all__ = [
+    "BACKENDS",
+    "BACKWARD_ESTIMATORS",
+    "BuildReport",
+    "KernelBuildError",
+    "expected_collisions",
+    "has_kernel",
+    "hash_codes",
+    "hash_queries_and_keys",
+    "kernels",
+    "lsh_attention",
+    "lsh_collided_gradient",
+    "lsh_cumulation",
+    "lsh_weighted_cumulation",
+    "lsh_weighted_cumulation_both",
+]

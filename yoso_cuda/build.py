@@ -1,95 +1,242 @@
-"""Just-in-time build of YOSO's kernels with ``torch.utils.cpp_extension.load`` and ninja.
+"""Just-in-time build of YOSO's two kernel libraries with ``torch.utils.cpp_extension.load`` and ninja.
 
-The CPU kernels (``csrc/yoso.cpp``) build wherever a C++ compiler is found. The CUDA kernels
-(``csrc/cuda/*.cu``) are added whenever torch is a CUDA build and a CUDA toolkit is found
-(``CUDA_HOME``); on a machine without a GPU only when ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``) names
-the architectures, since no GPU can be asked (CI does this so a kernel that does not compile never
-lands). ``YOSO_KERNELS=cpu`` builds only the CPU kernels
-and ``YOSO_KERNELS=0`` skips building (the pure-PyTorch reference runs).
+* ``cpu``: ``csrc/yoso.cpp``, the ops' schemas (``TORCH_LIBRARY(yoso)``) and their CPU kernels. It
+  is built wherever a C++ compiler is found, first, since the CUDA library only adds kernels to it.
+* ``cuda``: ``csrc/cuda/*.cu``, the CUDA kernels (``TORCH_LIBRARY_IMPL(yoso, CUDA)``), loaded after
+  the CPU library. It is wanted when torch is a CUDA build and there is something to compile for:
+  a visible GPU, or ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``; CI sets it to compile without a GPU, so a
+  kernel that does not compile never lands). It needs a CUDA toolkit (``CUDA_HOME``, else
+  ``/usr/local/cuda``, else ``nvcc`` on the PATH) whose major CUDA version is torch's; a mismatch is
+  reported before compiling, with what to install or set.
 
-The library is cached in torch's extensions folder (``TORCH_EXTENSIONS_DIR``) under a name that
-says which kernels it holds; torch rebuilds it when a source changes. Concurrent processes (DDP
-ranks, a joblib sweep) are safe: torch's build takes a file lock in the build folder, the first
-process builds and the others wait and load the result.
+A CUDA-side failure (no toolkit, a version mismatch, a compile error) never costs the CPU kernels:
+each library is built and loaded on its own and the report says why one is missing.
+``YOSO_KERNELS`` chooses what to build:
+
+* ``auto`` (default): every wanted library; a missing one leaves its device on the reference;
+* ``cpu``: the CPU library only;
+* ``require``: as ``auto``, but a wanted library that fails to build is an error (CI, benchmarks);
+* ``0`` / ``off`` / ``none`` / ``reference``: nothing is built, the pure-PyTorch reference runs.
+
+Libraries are cached in torch's extensions folder (``TORCH_EXTENSIONS_DIR``); torch rebuilds one
+when a source or a flag changes. Concurrent processes (DDP ranks, a joblib sweep) take an advisory
+lock (``fcntl.flock``) on the library's build folder: the first builds, the others wait and load
+the result, and the OS releases the lock of a process that dies. Older torch versions guard their
+build with a ``lock`` file whose mere existence blocks every later build forever; holding our lock,
+no other build can be running, so such a file is a leftover of a killed build and is removed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
+import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
-LIBRARY_NAME = "yoso_kernels"
+LIBRARY_NAMES = {"cpu": "yoso_kernels_cpu", "cuda": "yoso_kernels_cuda"}
+SETTINGS = {"auto", "cpu", "require", "0", "off", "none", "reference"}
+DISABLED = {"0", "off", "none", "reference"}
+
+
+@dataclass
+class Library:
+    """What happened to one kernel library in this process."""
+
+    device: str  # "cpu" or "cuda"
+    wanted: bool = False  # it should exist here under the YOSO_KERNELS setting; not loading it is a failure
+    loaded: bool = False  # its kernels are registered as torch.ops.yoso.*
+    path: str | None = None  # the loaded shared library
+    archs: str | None = None  # CUDA architectures it was compiled for
+    reason: str | None = None  # why it is not loaded
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.loaded:
+            archs = f", archs {self.archs}" if self.archs else ""
+            return f"{self.device} kernels: loaded ({self.path}{archs})"
+        status = "FAILED" if self.wanted else "not built"
+        return f"{self.device} kernels: {status}: {self.reason}"
 
 
 @dataclass
 class BuildReport:
-    cpu: bool = False  # the CPU kernels are registered as torch.ops.yoso.*
-    cuda: bool = False  # the CUDA kernels are registered too
-    library: str | None = None  # path of the loaded shared library
-    error: str | None = None  # why the kernels are missing, if they are
-    cuda_archs: str | None = None
-    notes: list[str] = field(default_factory=list)
+    setting: str  # the YOSO_KERNELS value
+    cpu: Library = field(default_factory=lambda: Library("cpu"))
+    cuda: Library = field(default_factory=lambda: Library("cuda"))
+
+    @property
+    def libraries(self) -> tuple[Library, Library]:
+        return self.cpu, self.cuda
+
+    @property
+    def missing(self) -> list[Library]:
+        """Wanted libraries that are not loaded."""
+        return [library for library in self.libraries if library.wanted and not library.loaded]
+
+
+class KernelBuildError(RuntimeError):
+    """A wanted library failed under ``YOSO_KERNELS=require``; ``report`` says what was built."""
+
+    def __init__(self, report: BuildReport) -> None:
+        failures = "; ".join(f"{library.device}: {library.reason}" for library in report.missing)
+        super().__init__(f"YOSO_KERNELS=require and YOSO's kernels failed to build: {failures}")
+        self.report = report
+
+
+def kernel_setting() -> str:
+    setting = os.environ.get("YOSO_KERNELS", "auto").strip().lower()
+    if setting not in SETTINGS:
+        raise ValueError(f"YOSO_KERNELS={setting!r} is not one of {', '.join(sorted(SETTINGS))}")
+    return setting
 
 
 def cuda_toolkit() -> str | None:
-    """The CUDA toolkit that would compile the kernels (CUDA_HOME, else nvcc's own folder), or None."""
+    """The CUDA toolkit that would compile the kernels (CUDA_HOME, /usr/local/cuda, nvcc's own folder), or None."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home is None and Path("/usr/local/cuda/bin/nvcc").exists():
         home = "/usr/local/cuda"
     if home is None and shutil.which("nvcc"):
         home = str(Path(shutil.which("nvcc")).resolve().parent.parent)  # a symlinked nvcc names the real toolkit
-    if torch.version.cuda is None or home is None or not (Path(home) / "bin" / "nvcc").exists():
+    if home is None or not (Path(home) / "bin" / "nvcc").exists():
         return None
     return home
 
 
-def build(verbose: bool = False) -> BuildReport:
-    """Compile (or load from the cache) and register the kernels; never raises."""
-    report = BuildReport()
-    choice = os.environ.get("YOSO_KERNELS", "auto").lower()
-    if choice in {"0", "off", "none", "reference"}:
-        report.error = "disabled by YOSO_KERNELS=" + choice
-        return report
-    sources = [SOURCES / "yoso.cpp"]
-    toolkit = None if choice == "cpu" else cuda_toolkit()
-    if toolkit is not None:
-        os.environ.setdefault("CUDA_HOME", toolkit)  # before torch's cpp_extension reads (and guesses) it
-    cuda_sources = sorted((SOURCES / "cuda").glob("*.cu"))
-    if choice == "cpu":
-        report.notes.append("YOSO_KERNELS=cpu: CPU kernels only")
-    elif toolkit is None:
-        report.notes.append("no CUDA toolkit (nvcc under CUDA_HOME) or a CPU-only torch: CPU kernels only")
-    elif not cuda_sources:
-        toolkit = None
-        report.notes.append("no CUDA sources in csrc/cuda: CPU kernels only")
-    elif not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        toolkit = None  # nothing to run them on, and no architecture to compile for
-        report.notes.append("no GPU visible: CPU kernels only (set TORCH_CUDA_ARCH_LIST to compile the CUDA ones anyway)")
-    if toolkit is not None:
-        sources += cuda_sources
-        report.cuda_archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "detected from the visible GPUs")
+class ToolkitMismatch(Exception):
+    """The toolkit cannot build kernels for this torch; the message says what to install or set."""
+
+
+def check_toolkit_version(toolkit: str) -> str | None:
+    """Compare ``nvcc --version`` with ``torch.version.cuda``: raise on a different major version,
+    return a note on a different minor version (torch itself only warns), else None."""
+    nvcc = Path(toolkit) / "bin" / "nvcc"
+    try:
+        process = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ToolkitMismatch(f"{nvcc} --version could not run: {error}") from error
+    found = re.search(r"release (\d+)\.(\d+)", process.stdout)
+    if process.returncode != 0 or found is None:
+        output = (process.stdout + process.stderr).strip()[-300:]
+        raise ToolkitMismatch(f"{nvcc} --version failed (exit {process.returncode}) or printed no CUDA release: {output!r}")
+    nvcc_major, nvcc_minor = found.groups()
+    torch_cuda = torch.version.cuda
+    torch_major = torch_cuda.split(".")[0]
+    if nvcc_major != torch_major:
+        raise ToolkitMismatch(
+            f"{nvcc} is CUDA {nvcc_major}.{nvcc_minor} but torch {torch.__version__} was built for CUDA {torch_cuda}, "
+            f"and the major versions must match. Either install a CUDA {torch_major}.x toolkit and set CUDA_HOME to it "
+            f"(e.g. CUDA_HOME=/usr/local/cuda-{torch_cuda}), or install a torch built for CUDA {nvcc_major}.{nvcc_minor}: "
+            f"pip install torch --index-url https://download.pytorch.org/whl/cu{nvcc_major}{nvcc_minor}"
+        )
+    if f"{nvcc_major}.{nvcc_minor}" != ".".join(torch_cuda.split(".")[:2]):
+        return f"nvcc is CUDA {nvcc_major}.{nvcc_minor}, torch was built for CUDA {torch_cuda}: same major version, so this is fine"
+    return None
+
+
+@contextmanager
+def build_lock(build_directory: Path):
+    """Hold an exclusive ``flock`` on the build folder, released by the OS if this process dies."""
+    build_directory.mkdir(parents=True, exist_ok=True)
+    with open(build_directory / "yoso_build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        # torch's own lock file: every build of this folder goes through our lock first, so no
+        # build holds it now and a leftover is stale (older torch waits forever on one).
+        (build_directory / "lock").unlink(missing_ok=True)
+        yield
+
+
+def _load(library: Library, sources: list[Path], verbose: bool) -> None:
     from torch.utils import cpp_extension
 
-    if toolkit is not None:
-        cpp_extension.CUDA_HOME = toolkit  # it may have been imported (and guessed) before we set CUDA_HOME
+    name = LIBRARY_NAMES[library.device]
+    build_directory = Path(cpp_extension._get_build_directory(name, verbose))
     try:
-        library = cpp_extension.load(
-            name=LIBRARY_NAME + ("_cuda" if toolkit else "_cpu"),
-            sources=[str(source) for source in sources],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
-            is_python_module=False,
-            verbose=verbose,
+        with build_lock(build_directory):
+            path = cpp_extension.load(
+                name=name,
+                sources=[str(source) for source in sources],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3"],
+                build_directory=str(build_directory),
+                is_python_module=False,
+                verbose=verbose,
+            )
+    except Exception as error:  # a missing compiler, a compile error: the report says why
+        library.reason = f"{type(error).__name__}: {error}".strip()
+        return
+    library.loaded, library.path = True, str(path)
+
+
+def _cuda_archs() -> str:
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    return ";".join(f"{major}.{minor}" for major, minor in capabilities) + " (the visible GPUs)"
+
+
+def _build_cuda(report: BuildReport, verbose: bool) -> None:
+    library = report.cuda
+    if report.setting == "cpu":
+        library.reason = "YOSO_KERNELS=cpu"
+        return
+    if torch.version.cuda is None:
+        library.reason = f"torch {torch.__version__} is not a CUDA build"
+        return
+    if not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        library.reason = "no GPU visible (set TORCH_CUDA_ARCH_LIST, e.g. 9.0, to compile the CUDA kernels anyway)"
+        return
+    library.wanted = True
+    if not report.cpu.loaded:
+        library.reason = "the CPU library, which defines the ops, did not build"
+        return
+    toolkit = cuda_toolkit()
+    if toolkit is None:
+        library.reason = (
+            f"no CUDA toolkit (no bin/nvcc under CUDA_HOME, /usr/local/cuda or on the PATH): install CUDA "
+            f"{torch.version.cuda.split('.')[0]}.x (torch's is {torch.version.cuda}) and set CUDA_HOME to it"
         )
-    except Exception as error:  # a missing compiler, a compile error: fall back to the reference
-        report.error = f"{type(error).__name__}: {error}".strip()
+        return
+    sources = sorted((SOURCES / "cuda").glob("*.cu"))
+    if not sources:
+        library.reason = f"no CUDA sources in {SOURCES / 'cuda'}"
+        return
+    try:
+        note = check_toolkit_version(toolkit)
+    except ToolkitMismatch as mismatch:
+        library.reason = str(mismatch)
+        return
+    if note:
+        library.notes.append(note)
+    if not torch.cuda.is_available():
+        library.notes.append("no GPU visible: compiled for TORCH_CUDA_ARCH_LIST, nothing here runs them")
+    os.environ.setdefault("CUDA_HOME", toolkit)
+    from torch.utils import cpp_extension
+
+    cpp_extension.CUDA_HOME = toolkit  # it may have been imported (and guessed) before CUDA_HOME was set
+    library.archs = _cuda_archs()
+    _load(library, sources, verbose)
+
+
+def build(verbose: bool = False) -> BuildReport:
+    """Compile (or load from the cache) and register the kernel libraries that ``YOSO_KERNELS`` asks for.
+
+    Returns what happened to each library; raises :class:`KernelBuildError` only under
+    ``YOSO_KERNELS=require`` when a wanted library is missing.
+    """
+    report = BuildReport(kernel_setting())
+    if report.setting in DISABLED:
+        report.cpu.reason = report.cuda.reason = f"disabled by YOSO_KERNELS={report.setting}"
         return report
-    report.library = str(library) if library is not None else None
-    report.cpu = True
-    report.cuda = toolkit is not None
+    report.cpu.wanted = True
+    _load(report.cpu, [SOURCES / "yoso.cpp"], verbose)
+    _build_cuda(report, verbose)
+    if report.setting == "require" and report.missing:
+        raise KernelBuildError(report)
     return report

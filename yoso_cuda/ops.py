@@ -1,34 +1,50 @@
-"""YOSO's ops, dispatched to the compiled kernels when they are built and to the reference otherwise.
+"""YOSO's raw ops and its hashing, on the compiled kernels or the pure-PyTorch reference, by choice.
 
 ``torch.ops.yoso.*`` are the compiled ops (schemas in ``csrc/yoso.cpp``); their fake (meta)
-kernels, registered here, let them run under ``torch.compile``. The functions below take the same
-arguments as :mod:`yoso_cuda.reference` and pick, per call, the compiled kernel for the tensors'
-device if there is one, else the reference. The kernels are built on first use (or by
-``python -m yoso_cuda``); if that fails, one warning says why and how to get them.
+kernels, registered here, let them run under ``torch.compile``, and so do their gradients: the
+cumulations are linear in the values and bilinear in the weights, so each one's gradient is again
+a cumulation (exact, not an estimate). ``lsh_collided_gradient`` is itself a gradient estimate and
+its derivative is an error; ``hash_codes`` returns integers. The functions below take the same
+arguments as :mod:`yoso_cuda.reference` plus ``backend``:
+
+* ``"auto"``: the compiled kernel of the tensors' device if it is built, else the reference;
+* ``"compiled"``: the compiled kernel, and an error saying why if it is not built;
+* ``"reference"``: the pure-PyTorch reference (the tests' oracle), whatever is built.
+
+The kernels are built on first use (or by ``python -m yoso_cuda``); if a library this machine
+should have fails to build, one warning says why and how to get it (``YOSO_KERNELS=require`` makes
+that an error, see :mod:`yoso_cuda.build`).
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from typing import Literal
 
 import torch
 
 from . import reference
 from .build import BuildReport, build
 
+Backend = Literal["auto", "compiled", "reference"]
+BACKENDS = ("auto", "compiled", "reference")
+HashProjection = Literal["hadamard", "gaussian"]
+
 
 @functools.cache
 def kernels() -> BuildReport:
-    """Build or load the kernels once per process."""
-    report = build()
-    if report.cpu:
+    """Build or load the kernel libraries once per process."""
+    report = build()  # raises under YOSO_KERNELS=require when a wanted library is missing
+    if report.cpu.loaded:
         _register_fake_kernels()
-    else:
+        _register_autograd()
+    if report.missing:
+        reasons = "; ".join(f"{library.device}: {library.reason}" for library in report.missing)
         warnings.warn(
-            f"YOSO's compiled kernels are unavailable ({report.error}); using the pure-PyTorch reference, "
-            "which is slower. To build them, install a C++ compiler (and a CUDA toolkit with CUDA_HOME for GPUs), "
-            "then run `python -m yoso_cuda` to see the build log.",
+            f"YOSO's compiled kernels are unavailable ({reasons}); YOSO runs on the pure-PyTorch reference there, "
+            "which is slower. To build them, install a C++ compiler (and for GPUs a CUDA toolkit matching torch's "
+            "CUDA, with CUDA_HOME), then run `python -m yoso_cuda` to see what was built and why not.",
             stacklevel=3,
         )
     return report
@@ -37,7 +53,25 @@ def kernels() -> BuildReport:
 @torch.compiler.assume_constant_result  # fixed once the kernels are built: no graph break under torch.compile
 def has_kernel(device: torch.device) -> bool:
     report = kernels()
-    return report.cuda if device.type == "cuda" else device.type == "cpu" and report.cpu
+    return report.cuda.loaded if device.type == "cuda" else device.type == "cpu" and report.cpu.loaded
+
+
+def use_compiled(backend: str, device: torch.device) -> bool:
+    """Whether ``backend`` runs the compiled kernel on ``device`` (see the module docstring)."""
+    if backend == "reference":
+        return False
+    if backend == "auto":
+        return has_kernel(device)
+    if backend == "compiled":
+        if not has_kernel(device):
+            library = kernels().cuda if device.type == "cuda" else kernels().cpu
+            why = library.reason if device.type in ("cpu", "cuda") else "there are kernels for cpu and cuda only"
+            raise RuntimeError(
+                f"backend='compiled', but YOSO's {device.type} kernels are not built ({why}); run `python -m yoso_cuda` "
+                "to see the build, or choose backend='auto' or 'reference'"
+            )
+        return True
+    raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
 
 
 def _register_fake_kernels() -> None:
@@ -65,41 +99,124 @@ def _register_fake_kernels() -> None:
         return rows_out(query_codes, query_vectors.shape[-1], query_vectors)
 
 
-def hash_codes(vectors, signs, num_hashes, hash_bits):
-    if has_kernel(vectors.device):
+def _register_autograd() -> None:
+    """Exact gradients of the raw cumulations, each a cumulation again (derivations inline)."""
+    yoso = torch.ops.yoso
+
+    def save_codes(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs[:-1])
+        ctx.hash_bits = inputs[-1]
+
+    def cumulation_backward(ctx, grad):
+        # out_i = (1/m) sum_h sum_j [collide] v_j  =>  grad v_j = (1/m) sum_h sum_i [collide] g_i.
+        query_codes, query_mask, key_codes, key_mask, values = ctx.saved_tensors
+        grad_values = yoso.lsh_cumulation(key_codes, key_mask, query_codes, query_mask, grad, ctx.hash_bits)
+        return None, None, None, None, grad_values.to(values.dtype), None
+
+    def weighted_backward(ctx, grad):
+        # out_i = (1/m) sum_h sum_j [collide] (qw_i . kw_j) v_j, so with g_i = d loss / d out_i:
+        # grad qw_i = (1/m) sum sum [collide] (g_i . v_j) kw_j,   grad kw_j = ... (v_j . g_i) qw_i,
+        # grad v_j = (1/m) sum sum [collide] (kw_j . qw_i) g_i.
+        query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values = ctx.saved_tensors
+        tau, queries, keys = ctx.hash_bits, (query_codes, query_mask), (key_codes, key_mask)
+        grad_qw = yoso.lsh_weighted_cumulation(*queries, grad, *keys, values, key_weights, tau)
+        grad_kw = yoso.lsh_weighted_cumulation(*keys, values, *queries, grad, query_weights, tau)
+        grad_v = yoso.lsh_weighted_cumulation(*keys, key_weights, *queries, query_weights, grad, tau)
+        return (None, None, grad_qw.to(query_weights.dtype), None, None, grad_kw.to(key_weights.dtype),
+                grad_v.to(values.dtype), None)
+
+    def weighted_both_backward(ctx, grad_query_out, grad_key_out):
+        # query_out_i = sum_j s_ij kv_j and key_out_j = sum_i s_ij qv_i with s_ij = (1/m) sum_h [collide] qw_i . kw_j.
+        # grad qv_i = sum_j s_ij gk_j and grad kv_j = sum_i s_ij gq_i: one pass of this op with the
+        # output gradients as values; grad qw_i = sum_j [collide] (gq_i . kv_j + qv_i . gk_j) kw_j and
+        # grad kw_j symmetrically: one pass with the concatenations [gq, qv] . [kv, gk] as weights.
+        query_codes, query_mask, qw, qv, key_codes, key_mask, kw, kv = ctx.saved_tensors
+        tau, queries, keys = ctx.hash_bits, (query_codes, query_mask), (key_codes, key_mask)
+        grad_qv, grad_kv = yoso.lsh_weighted_cumulation_both(*queries, qw, grad_query_out, *keys, kw, grad_key_out, tau)
+        pair_qw = torch.cat([grad_query_out.float(), qv.float()], dim=-1)  # (B, nq, c_kv + c_qv)
+        pair_kw = torch.cat([kv.float(), grad_key_out.float()], dim=-1)  # (B, nk, c_kv + c_qv)
+        grad_qw, grad_kw = yoso.lsh_weighted_cumulation_both(*queries, pair_qw, qw, *keys, pair_kw, kw, tau)
+        return (None, None, grad_qw.to(qw.dtype), grad_qv.to(qv.dtype), None, None, grad_kw.to(kw.dtype),
+                grad_kv.to(kv.dtype), None)
+
+    def collided_gradient_backward(ctx, grad):
+        raise NotImplementedError(
+            "yoso::lsh_collided_gradient is *YOSO's gradient estimate; its own derivative (a double backward "
+            "through YOSO's exact estimator) is not implemented"
+        )
+
+    for name, backward in (
+        ("lsh_cumulation", cumulation_backward),
+        ("lsh_weighted_cumulation", weighted_backward),
+        ("lsh_weighted_cumulation_both", weighted_both_backward),
+        ("lsh_collided_gradient", collided_gradient_backward),
+    ):
+        torch.library.register_autograd(f"yoso::{name}", backward, setup_context=save_codes)
+
+
+def hash_codes(vectors, signs, num_hashes, hash_bits, backend: Backend = "auto"):
+    if use_compiled(backend, vectors.device):
         return torch.ops.yoso.hash_codes(vectors, signs, num_hashes, hash_bits)
     return reference.hash_codes(vectors, signs, num_hashes, hash_bits)
 
 
-def lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits):
-    if has_kernel(values.device):
-        return torch.ops.yoso.lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits)
-    return reference.lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits)
+def lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits, backend: Backend = "auto"):
+    args = (query_codes, query_mask, key_codes, key_mask, values, hash_bits)
+    if use_compiled(backend, values.device):
+        return torch.ops.yoso.lsh_cumulation(*args)
+    return reference.lsh_cumulation(*args)
 
 
-def lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits):
+def lsh_weighted_cumulation(
+    query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits, backend: Backend = "auto"
+):
     args = (query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits)
-    if has_kernel(values.device):
+    if use_compiled(backend, values.device):
         return torch.ops.yoso.lsh_weighted_cumulation(*args)
     return reference.lsh_weighted_cumulation(*args)
 
 
 def lsh_weighted_cumulation_both(
-    query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits
+    query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits,
+    backend: Backend = "auto",
 ):
     args = (query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits)
-    if query_values.device.type == "cpu" and has_kernel(query_values.device):  # one pass on the CPU kernel
+    if use_compiled(backend, query_values.device):  # one sort serves both sides
         return torch.ops.yoso.lsh_weighted_cumulation_both(*args)
-    return (
-        lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, key_values, hash_bits),
-        lsh_weighted_cumulation(key_codes, key_mask, key_weights, query_codes, query_mask, query_weights, query_values, hash_bits),
-    )
+    return reference.lsh_weighted_cumulation_both(*args)
 
 
 def lsh_collided_gradient(
-    query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits
+    query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits,
+    backend: Backend = "auto",
 ):
     args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)
-    if has_kernel(query_vectors.device):
+    if use_compiled(backend, query_vectors.device):
         return torch.ops.yoso.lsh_collided_gradient(*args)
     return reference.lsh_collided_gradient(*args)
+
+
+def hash_queries_and_keys(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    num_hashes: int,
+    hash_bits: int,
+    projection: HashProjection = "hadamard",
+    backend: Backend = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``num_hashes`` fresh hash functions of ``hash_bits`` bits and hash queries and keys with them.
+
+    Queries and keys ``(B, n, d)`` -> codes ``(B, n, num_hashes)`` int32 each. ``projection``:
+    ``"hadamard"``, the fast pseudo-random rotation ``H D3 H D2 H D1`` (random sign diagonals,
+    compiled or reference per ``backend``), or ``"gaussian"``, independent Gaussian hyperplanes (a
+    matrix product, in PyTorch on any backend). The randomness is drawn from torch's global RNG on
+    the CPU and then moved, so a seed gives the same codes on every device.
+    """
+    batch, _, dim = queries.shape
+    if projection == "gaussian":
+        projections = reference.random_projections(batch, dim, num_hashes, hash_bits, queries.device)
+        return tuple(reference.gaussian_hash_codes(x, projections, num_hashes, hash_bits) for x in (queries, keys))
+    if projection != "hadamard":
+        raise ValueError(f"projection must be 'hadamard' or 'gaussian', got {projection!r}")
+    signs = reference.random_signs(batch, dim, num_hashes, hash_bits, queries.device)
+    return hash_codes(queries, signs, num_hashes, hash_bits, backend), hash_codes(keys, signs, num_hashes, hash_bits, backend)

@@ -1,1 +1,1 @@
-"""Benchmarks that write results into results/: ``python -m lra.bench <name> --help``."""
+"""Benchmarks that write CSV and PNG results: ``python -m lra.bench --help`` lists them."""

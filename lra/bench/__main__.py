@@ -1,17 +1,30 @@
-"""``python -m lra.bench kernels|efficiency|approx ...``: run one benchmark (see each module's docstring)."""
+"""``python -m lra.bench {kernels,efficiency,approx,gpu} [options]``: run one benchmark; each takes ``--help``.
+``gpu`` runs YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`)."""
 
+import argparse
 import sys
 
-from . import approx, efficiency, kernels
+from . import approx, efficiency, gpu, kernels
 
-BENCHMARKS = {"kernels": kernels.main, "efficiency": efficiency.main, "approx": approx.main}
+BENCHMARKS = {"kernels": kernels, "efficiency": efficiency, "approx": approx, "gpu": gpu}
 
 
-def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
-        print(f"usage: python -m lra.bench {{{','.join(BENCHMARKS)}}} [options]; each takes --help")
-        return 2
-    return BENCHMARKS[sys.argv[1]](sys.argv[2:])
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="python -m lra.bench",
+        description="Benchmarks that write CSV and PNG results (into results/ unless --out says otherwise).",
+        epilog="Each benchmark's options: python -m lra.bench BENCHMARK --help",
+    )
+    commands = main.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, module in BENCHMARKS.items():
+        # The benchmark parses its own options; its first docstring line says what it measures.
+        commands.add_parser(name, help=module.__doc__.split("\n\n")[0].replace("\n", " "), add_help=False)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, options = parser().parse_known_args(argv)
+    return BENCHMARKS[args.benchmark].main(options)
 
 
 if __name__ == "__main__":

@@ -402,8 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=3, help="hash draws per configuration (seeds 0..N-1)")
     parser.add_argument("--samples", type=int, default=4, help="disjoint token windows of max(--lengths) tokens")
     parser.add_argument("--hash-bits", type=int, default=None, help="tau; default: the trained YOSO model's, else 8")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--device", default="cpu", help="where the model and YOSO run: cpu or cuda (default: cpu)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for approx_error.csv and .png (default: the repository's results/)")
     return parser
 
 

@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ctypes
-import gc
 import math
-import re
 import resource
 import statistics
 import time
@@ -51,7 +48,7 @@ from tqdm import tqdm
 
 import attention_zoo
 from lra.model import LRAClassifier, LRAEncoder
-from lra.bench.kernels import synchronize
+from lra.bench.measure import MemoryMeter, proc_status_mb, proc_value_mb, synchronize
 from lra.results import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +56,6 @@ RESULTS = ROOT / "results"
 PRESETS = ROOT / "conf" / "attention"
 MODEL_CONFIG = ROOT / "conf" / "model" / "efficiency.yaml"
 VOCAB_SIZE, NUM_CLASSES = 512, 10  # the original profile's
-M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
 FIELDS = [
     "attention", "attention_name", "seq_len", "batch", "time_ms", "time_ms_std", "memory_mb", "status", "error",
     "device", "torch", "dtype", "threads", "repeats",
@@ -95,76 +91,13 @@ def build_model(entry: Entry, seq_len: int, model: dict[str, Any]) -> LRAClassif
     return LRAClassifier(NUM_CLASSES, encoder, hidden_dim=model["head_hidden_dim"])
 
 
-class MemoryMeter:
-    """Peak memory of a block of work above a baseline: CUDA allocations, or the process's resident set.
-
-    On a CPU the resident set only shows what the allocator holds, so glibc is told to serve every
-    block of 1 MiB or more by ``mmap`` (returned to the OS on free; by default the threshold rises
-    with each such free and large blocks get recycled unseen) and to give back freed memory before
-    the baseline is read.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        if device.type == "cpu":
-            _release_freed_cpu_memory()
-        self.baseline = self.current()
-
-    def current(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.memory_allocated(self.device) / 2**20
-        return _proc_status_mb("VmRSS")
-
-    def reset_peak(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        try:  # "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0)
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-    def peak_above_baseline(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.baseline
-        return _proc_status_mb("VmHWM") - self.baseline
-
-
-def _glibc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: the resident set is read as it is
-        return None
-
-
-def _release_freed_cpu_memory() -> None:
-    gc.collect()
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(M_MMAP_THRESHOLD, 2**20)
-        libc.malloc_trim(0)
-
-
-def _proc_status_mb(key: str) -> float:
-    return _proc_value_mb(Path("/proc/self/status"), key)
-
-
-def _proc_value_mb(path: Path, key: str) -> float:
-    """A ``<key>: <n> kB`` line of a /proc file, in MB; NaN where there is no /proc (not Linux)."""
-    try:
-        match = re.search(rf"^{key}:\s+(\d+) kB", path.read_text(), re.MULTILINE)
-    except OSError:
-        return math.nan
-    return int(match.group(1)) / 1024 if match else math.nan
-
-
 @contextmanager
 def address_space_limit(limit_mb: float | None):
     """Cap this process's address space at its current size plus ``limit_mb`` (Linux; no-op elsewhere).
 
     A CPU allocation beyond the cap fails with a RuntimeError that the grid records, instead of the
     kernel's OOM killer ending the whole benchmark."""
-    in_use = _proc_status_mb("VmSize")
+    in_use = proc_status_mb("VmSize")
     if limit_mb is None or math.isnan(in_use):
         yield
         return
@@ -336,12 +269,13 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def available_memory_mb() -> float:
-    return _proc_value_mb(Path("/proc/meminfo"), "MemAvailable")
+    return proc_value_mb(Path("/proc/meminfo"), "MemAvailable")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench efficiency", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (default: cuda when a GPU is present)")
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)")
     parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
@@ -354,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit-mb", type=float, default=None,
                         help="CPU: memory a cell may add (default: 90%% of what is available at start)")
     parser.add_argument("--presets", type=Path, default=PRESETS, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for efficiency_<device>.csv and .png (default: the repository's results/)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
     args = parser.parse_args(argv)
     if args.list:

@@ -6,12 +6,16 @@
 
 * ``softmax/<backend>``: ``scaled_dot_product_attention`` with every SDPA backend that runs on the
   device (flash, efficient, cudnn, math on a GPU; the CPU's default);
-* ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels;
-* ``yoso_32/reference``: the same on the pure-PyTorch reference (up to ``--reference-max-length``).
+* ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels
+  (``backend="compiled"``: missing kernels for the device are an error, not a silent fallback);
+* ``yoso_32/reference``: the same on the pure-PyTorch reference (``backend="reference"``, up to
+  ``--reference-max-length``).
 
 Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
-Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len, head_dim, dtype, time_ms,
-peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
+``peak_memory_mb`` is the peak during those runs above the memory in use before them (the inputs
+excluded): CUDA's allocations on a GPU, the process's resident set on a CPU (``MemoryMeter`` of
+``lra/bench/measure.py``). Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len,
+head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
 (out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on.
 """
 
@@ -23,16 +27,15 @@ import math
 import platform
 import statistics
 import time
-from contextlib import nullcontext
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 import attention_zoo
+from lra.bench.measure import MemoryMeter, synchronize
 from lra.results import device_name
-from yoso_cuda import ops
+import yoso_cuda
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
@@ -51,25 +54,19 @@ def sdpa_backends(device: torch.device) -> dict[str, object]:
     }
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median milliseconds of ``run()`` after one warm-up, and the peak CUDA memory (MB, NaN on CPU)."""
+    """Median milliseconds of ``run()`` after one warm-up, and its peak memory (MB) above what was in use before."""
     run()
     synchronize(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    meter = MemoryMeter(device)
+    meter.reset_peak()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan
-    return statistics.median(times), peak
+    return statistics.median(times), meter.peak_above_baseline()
 
 
 def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, device: torch.device, backward: bool):
@@ -87,12 +84,13 @@ def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, 
                 return F.scaled_dot_product_attention(q, k, v)
 
     else:
-        attn = attention_zoo.build("yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32).to(device)
-        patch = mock.patch.object(ops, "has_kernel", lambda device: False) if method.endswith("reference") else nullcontext()
+        backend = "reference" if method.endswith("reference") else "compiled"
+        attn = attention_zoo.build(
+            "yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32, backend=backend
+        ).to(device)
 
         def forward():
-            with patch:
-                return attn(q, k, v)
+            return attn(q, k, v)
 
     def run():
         out = forward()
@@ -104,18 +102,28 @@ def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="default: 1K..64K on a GPU, 1K..32K on a CPU")
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--reference-max-length", type=int, default=8192)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (default: cuda when a GPU is present)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="sequence lengths (default: 1K..64K on a GPU, 1K..32K on a CPU)")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], help="head dims of q, k, v (default: 32 64)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "float16", "bfloat16"],
+                        help="input dtypes (default: float32 bfloat16)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up; the median is kept (default: 5)")
+    parser.add_argument("--reference-max-length", type=int, default=8192,
+                        help="longest length the slow pure-PyTorch reference runs at (default: 8192)")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for kernels_<device>.csv and .png (default: the repository's results/)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
-    kernels = ops.kernels()
-    print(f"torch {torch.__version__} on {device_name(device)}; YOSO kernels: cpu={kernels.cpu} cuda={kernels.cuda}")
+    kernels = yoso_cuda.kernels()
+    library = kernels.cuda if device.type == "cuda" else kernels.cpu
+    if not yoso_cuda.has_kernel(device):
+        print(f"YOSO's {device.type} kernels are not built ({library.reason}), so there is nothing to benchmark; "
+              "`python -m yoso_cuda` shows the build")
+        return 1
+    print(f"torch {torch.__version__} on {device_name(device)}; YOSO's {library.describe()}")
     methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"kernels_{device.type}.csv"

@@ -17,6 +17,7 @@ task's, from ``conf/task/<task>.yaml``, so training finds the cache without furt
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -206,6 +207,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the generators' and the cache's progress lines
     try:
         args.run(args)
     except (FileNotFoundError, ValueError, cache.CacheError, DownloadError) as error:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import random
 import shutil
@@ -39,6 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
+
+log = logging.getLogger(__name__)
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 CLOSE = "]"
@@ -177,7 +180,7 @@ def ensure_generated(cache_dir: Path, config: GeneratorConfig) -> Path:
     if all(split_path(folder, split).is_file() for split in SPLITS):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    print(f"Generating ListOps ({config.total} samples, seed {config.seed}) into {folder}", flush=True)
+    log.info("Generating ListOps (%d samples, seed %d) into %s", config.total, config.seed, folder)
     splits = generate(config)
     staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:

@@ -123,6 +123,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -134,6 +135,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
+
+log = logging.getLogger(__name__)
 
 #: Bumped whenever the images a configuration produces change; part of every cache folder's name.
 GENERATOR_VERSION = 1
@@ -797,5 +800,5 @@ def ensure_generated(cache_dir: Path, config: PathfinderConfig, num_samples: int
     if folder.exists():
         raise RuntimeError(f"{folder} exists but is not a complete generated dataset for these parameters; delete it")
     if progress:
-        print(f"Generating {num_samples} Pathfinder{config.resolution} images (seed {seed}) into {folder}", flush=True)
+        log.info("Generating %d Pathfinder%d images (seed %d) into %s", num_samples, config.resolution, seed, folder)
     return _write_dataset(folder, config, num_samples, seed, images_per_folder, workers, progress)

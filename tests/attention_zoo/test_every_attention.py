@@ -62,6 +62,21 @@ def test_padded_keys_do_not_leak(name, seq_len):
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)
+def test_a_value_dim_that_differs_from_the_query_dim_is_kept(name):
+    """v of head dim 2 * d: the output has v's dim (each attention's own tests compare it with their dense
+    references), padded rows stay zero and every input gets a finite gradient."""
+    attn = build(name, 37).train()
+    q, k, _ = inputs(4, 37)
+    v = torch.randn(4, HEADS, 37, 2 * HEAD_DIM, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    mask = padding_mask(4, 37)
+    out = run(attn, q, k, v, mask)
+    assert out.shape == v.shape
+    assert (out[~mask[:, None, :, None].expand_as(out)] == 0).all()
+    (out * torch.randn_like(out)).sum().backward()
+    assert v.grad is not None and torch.isfinite(v.grad).all() and v.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
 def test_mask_none_equals_all_true_mask(name):
     attn = build(name, 33)
     q, k, v = inputs(2, 33)

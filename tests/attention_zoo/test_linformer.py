@@ -27,7 +27,7 @@ def dense_linformer(q, k, v, E, F, mask):
     n = q.shape[2]
     real = mask[:, None, :, None].double()  # (b, 1, n, 1)
     projected_k = E[..., :n].double() @ (k.double() * real)  # (b, h, k, d)
-    projected_v = F[..., :n].double() @ (v.double() * real)  # (b, h, k, d)
+    projected_v = F[..., :n].double() @ (v.double() * real)  # (b, h, k, dv)
     return softmax_attention(q, projected_k, projected_v) * real
 
 
@@ -47,14 +47,16 @@ def test_identity_projections_with_k_equal_n_are_exact_softmax():
 
 
 @pytest.mark.parametrize("share_heads, share_kv", [(True, False), (False, False), (False, True), (True, True)])
-def test_equals_dense_reference_with_random_projections_and_mask(share_heads, share_kv):
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_equals_dense_reference_with_random_projections_and_mask(share_heads, share_kv, value_dim):
     torch.manual_seed(0)
     attn = build(40, heads=2, k=6, share_heads=share_heads, share_kv=share_kv)
     with torch.no_grad():  # larger than the init so the softmax is far from uniform
         attn.E.normal_()
         if attn.F is not None:
             attn.F.normal_()
-    q, k, v = qkv(4, 2, 29, 8)  # shorter than seq_len: the first 29 columns are used
+    q, k, _ = qkv(4, 2, 29, 8)  # shorter than seq_len: the first 29 columns are used
+    v = qkv(4, 2, 29, value_dim, seed=1)[2]
     mask = torch.rand(4, 29) < 0.6
     mask[0] = True
     mask[1] = False

@@ -65,6 +65,17 @@ def test_default_window_is_full_attention_on_short_sequences():
     torch.testing.assert_close(build(100)(q, k, v, mask), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_global", [0, 2])
+def test_value_dim_may_differ_from_the_query_dim(num_global):
+    n, window, value_dim = 23, 8, 2 * HEAD_DIM
+    attn = build(n, window=window, num_global_tokens=num_global)
+    q, k, _ = inputs(4, n)
+    v = torch.randn(4, HEADS, n, value_dim, generator=torch.Generator().manual_seed(2))
+    mask = ragged_mask(n)
+    expected = dense_reference(q, k, v, mask, allowed_pairs(n, window, num_global))
+    torch.testing.assert_close(attn(q, k, v, mask).double(), expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("n", [5, 16, 23, 37])  # blocks of window / 2 = 4: multiples and not
 @pytest.mark.parametrize("num_global", [0, 1, 6])
 @pytest.mark.parametrize("window", [2, 8])

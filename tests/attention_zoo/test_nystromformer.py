@@ -173,9 +173,11 @@ def test_exact_on_tokens_constant_within_each_segment(n, m):
 
 @pytest.mark.parametrize("init", ["per_matrix", "batch_max"])
 @pytest.mark.parametrize("n, m", [(32, 8), (30, 7)])
-def test_equals_the_written_out_algorithm(n, m, init):
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_equals_the_written_out_algorithm(n, m, init, value_dim):
     """Landmarks (divisible or not), the three kernels, 6 pinv iterations, the conv residual, masks."""
-    q, k, v = random_qkv(4, 2, n, 8, seed=2)
+    q, k, _ = random_qkv(4, 2, n, 8, seed=2)
+    v = torch.randn(4, 2, n, value_dim, generator=torch.Generator().manual_seed(3))
     mask = varied_mask(4, n)
     torch.manual_seed(0)
     attn = build(n, num_landmarks=m, conv_kernel_size=5, pinv_init=init)

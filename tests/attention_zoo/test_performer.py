@@ -99,16 +99,18 @@ def test_many_features_converge_to_exact_softmax(double_qk_scaling, scale, toler
     assert (out.double() - expected).abs().max() < tolerance
 
 
-def test_linear_form_equals_the_dense_feature_attention_and_padding_equals_truncation():
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_linear_form_equals_the_dense_feature_attention_and_padding_equals_truncation(value_dim):
     d = 8
     torch.manual_seed(0)
     attn = build(head_dim=d, num_features=32).eval()
-    q, k, v = qkv(2, 2, 10, d, qk_scale=1.0)
+    q, k, _ = qkv(2, 2, 10, d, qk_scale=1.0)
+    v = qkv(2, 2, 10, value_dim, seed=1)[2]
     # Dense reference: A = phi(Q) phi(K)^T, out = A V / A 1.
     phi_q = positive_random_features(q * d**-0.25, attn.projection, is_query=True, eps=attn.config.eps)
     phi_k = positive_random_features(k * d**-0.25, attn.projection, is_query=False, eps=attn.config.eps)
     weights = phi_q.double() @ phi_k.double().transpose(-1, -2)  # (b, h, n, n)
-    expected = weights @ v.double() / weights.sum(-1, keepdim=True)  # (b, h, n, d)
+    expected = weights @ v.double() / weights.sum(-1, keepdim=True)  # (b, h, n, dv)
     torch.testing.assert_close(attn(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
     # Padded keys leave both sums and the stabiliser: a padded sequence equals its real prefix alone.
     mask = torch.ones(2, 10, dtype=torch.bool)
@@ -197,3 +199,40 @@ def test_invalid_hyperparameters_name_the_problem():
         build(eps=0.0)
     with pytest.raises(TypeError, match="feature_norms"):
         build(feature_norms="uniform")
+
+
+def guard_share(head_dim, seq_len, seed, **hparams):
+    """Share of (query row) normalisers phi(q) . sum_j phi(k_j) that are <= eps, where the guard adds 2 eps.
+
+    256 features drawn under ``torch.manual_seed(seed)``; q and k with i.i.d. N(0, 1) entries, batch 4 x 2
+    heads, no padding (data seed 100 + seed).
+    """
+    torch.manual_seed(seed)
+    attn = attention_zoo.build("performer", seq_len=seq_len, num_heads=2, head_dim=head_dim, num_features=256, **hparams)
+    generator = torch.Generator().manual_seed(100 + seed)
+    q, k = (torch.randn(4, 2, seq_len, head_dim, generator=generator) for _ in range(2))
+    eps = attn.config.eps
+    scale = head_dim ** (-0.5 if attn.config.double_qk_scaling else -0.25)
+    phi_q = positive_random_features(q * scale, attn.projection, is_query=True, eps=eps)  # (b, h, n, m)
+    phi_k = positive_random_features(k * scale, attn.projection, is_query=False, eps=eps)  # (b, h, n, m)
+    normaliser = phi_q @ phi_k.sum(-2).unsqueeze(-1)  # (b, h, n, 1)
+    return (normaliser <= eps).double().mean().item()
+
+
+def test_how_often_the_normaliser_guard_fires():
+    """The figures of performer.py's docstring (``pytest -s``): with the key stabiliser a max over every key
+    and feature, most keys' features sit far below 1, and at head dim 64 most normalisers fall below eps.
+    The Table 3 preset (eps 1e-4, kernel exp(q.k / d)) never reaches its guard at these sizes."""
+    print()
+    shares = {}
+    for head_dim in (32, 64):
+        for seq_len in (256, 1024):
+            shares[head_dim, seq_len] = [guard_share(head_dim, seq_len, seed) for seed in range(5)]
+            values = shares[head_dim, seq_len]
+            print(f"d = {head_dim}, n = {seq_len}: {sum(values) / 5:.1%} of rows ({min(values):.1%}-{max(values):.1%})")
+    preset = dict(redraw_interval=None, double_qk_scaling=True, eps=1e-4)
+    preset_shares = [guard_share(64, 1024, seed, **preset) for seed in range(5)]
+    print(f"Table 3 preset, d = 64, n = 1024: {max(preset_shares):.1%} of rows at most")
+    assert all(0 < share < 0.2 for seq_len in (256, 1024) for share in shares[32, seq_len])
+    assert all(share > 0.5 for seq_len in (256, 1024) for share in shares[64, seq_len])
+    assert max(preset_shares) == 0

@@ -32,7 +32,7 @@ def naive_lsh_attention(q, k, v, mask, rotations, chunk_length):
     real = torch.zeros(batch, padded, dtype=torch.bool)
     real[:, :n] = True if mask is None else mask
     q, k, v = (F.pad(t.double(), (0, 0, 0, padded - n)) for t in (q, k, v))
-    out = torch.zeros_like(q)
+    out = torch.zeros_like(v)
     for b in range(batch):
         for h in range(heads):
             slots = []  # (round, position): the rounds' sorted sequences, one after the other
@@ -74,12 +74,14 @@ def test_one_chunk_equals_dense_shared_qk_attention(seq_len, num_hashes):
 
 
 @pytest.mark.parametrize("use_mask", [False, True])
-def test_equals_per_query_reference_of_the_algorithm(use_mask):
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_equals_per_query_reference_of_the_algorithm(use_mask, value_dim):
     seq_len, chunk_length, num_hashes = 45, 8, 3
     attn = build(seq_len, chunk_length=chunk_length, num_hashes=num_hashes)
     assert attn.num_buckets == 8  # 6 chunks -> 12 -> rounded down to a power of two
     generator = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 2, seq_len, 8, generator=generator) for _ in range(3))
+    q, k = (torch.randn(2, 2, seq_len, 8, generator=generator) for _ in range(2))
+    v = torch.randn(2, 2, seq_len, value_dim, generator=generator)
     mask = torch.arange(seq_len) < torch.tensor([[seq_len], [29]]) if use_mask else None
     torch.manual_seed(3)
     out = attn(q, k, v, mask)

@@ -18,10 +18,12 @@ def naive_softmax_attention(q, k, v, mask):
 
 
 @pytest.mark.parametrize("seq_len", [1, 5, 130])
-def test_equals_naive_reference_with_masks(seq_len):
+@pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
+def test_equals_naive_reference_with_masks(seq_len, value_dim):
     torch.manual_seed(0)
     attn = attention_zoo.build("softmax", seq_len=seq_len, num_heads=3, head_dim=8).eval()
-    q, k, v = (torch.randn(4, 3, seq_len, 8) for _ in range(3))
+    q, k = (torch.randn(4, 3, seq_len, 8) for _ in range(2))
+    v = torch.randn(4, 3, seq_len, value_dim)
     mask = torch.rand(4, seq_len) < 0.6
     mask[0] = True
     mask[1] = False

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import attention_zoo
-from attention_zoo.yoso import LSHCumulation, expectation_exact
-from yoso_cuda import reference
+import yoso_cuda
+from attention_zoo.yoso import expectation_exact
+from yoso_cuda import ops, reference
 
 DIM = 32
 
@@ -39,6 +40,67 @@ def test_collision_frequency_matches_the_collision_probability(tau, theta):
     # The tau bits of the fast rotation come from orthogonal directions of one pseudo-random
     # rotation, not independent hyperplanes: close to the law, not exact (measured within 0.02).
     assert abs(hadamard - expected) < 0.02 + 4 * sd
+
+
+BIAS_ANGLES = (0.1, 0.3, 0.5, 0.8, 1.2)
+
+
+def pairs_at_angle(theta: float, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` random pairs of unit vectors at angle ``theta``: (count, 2, DIM)."""
+    return torch.cat([unit_pair(theta, generator) for _ in range(count)])
+
+
+def test_hadamard_hashes_collide_less_often_than_the_law_and_gaussian_hashes_do_not():
+    """Collision frequency over 128 random pairs x 1024 hashes (d = 32, tau = 8) relative to
+    (1 - theta/pi)^tau, for the default Hadamard family and for Gaussian hyperplanes.
+
+    The table in attention_zoo/yoso.py's docstring is what this prints (``pytest -s``).
+    """
+    tau, hashes, count = 8, 1024, 128
+    torch.manual_seed(0)
+    print()
+    for theta in BIAS_ANGLES:
+        x = pairs_at_angle(theta, count, torch.Generator().manual_seed(1))
+        law = (1 - theta / math.pi) ** tau
+        sd = math.sqrt(law * (1 - law) / (count * hashes)) / law  # relative standard error of the frequency
+        codes = reference.hash_codes(x, reference.random_signs(count, DIM, hashes, tau), hashes, tau)
+        hadamard = (codes[:, 0] == codes[:, 1]).double().mean().item() / law - 1
+        codes = reference.gaussian_hash_codes(x, reference.random_projections(count, DIM, hashes, tau), hashes, tau)
+        gaussian = (codes[:, 0] == codes[:, 1]).double().mean().item() / law - 1
+        print(f"theta {theta}: law {law:.4f}, hadamard {hadamard:+.1%}, gaussian {gaussian:+.1%} (standard error {sd:.1%})")
+        assert abs(gaussian) < 4 * sd
+        if theta >= 0.5:
+            assert hadamard < -4 * sd
+
+
+def test_hadamard_yoso_m_levels_off_where_gaussian_yoso_m_keeps_converging():
+    """Relative error of Y = (1/m) sum_h B_h V against E V as m grows (n = 256, d = 32, tau = 8; q_i ~ N(0, I)
+    made unit, k_i = normalise(q_i + 0.3 xi_i), v_i ~ N(0, I); data seed 0): the Hadamard family's
+    collision deficit is a bias that more hashes cannot remove. Printed with ``pytest -s``.
+    """
+    n, tau, sizes = 256, 8, (32, 256, 1024, 4096, 16384)
+    generator = torch.Generator().manual_seed(0)
+    q, noise, v = (torch.randn(1, n, DIM, generator=generator) for _ in range(3))
+    q = F.normalize(q, dim=-1)
+    k = F.normalize(q + 0.3 * noise, dim=-1)
+    mask = torch.ones(1, n, dtype=torch.bool)
+    target = reference.expected_collisions(q, k, tau) @ v  # (1, n, DIM)
+    errors = {}
+    for projection in ("hadamard", "gaussian"):
+        attn = attention_zoo.build(
+            "yoso", seq_len=n, num_heads=1, head_dim=DIM, num_hashes=max(sizes), hash_bits=tau, hash_projection=projection
+        )
+        torch.manual_seed(1)
+        query_codes, key_codes = attn.hash(q, k)  # (1, n, max(sizes)); the first m hashes are an m-hash draw
+        errors[projection] = [
+            relative_error(ops.lsh_cumulation(query_codes[..., :m].contiguous(), mask, key_codes[..., :m].contiguous(), mask, v, tau), target)
+            for m in sizes
+        ]
+    print("\n" + "\n".join(f"m = {m}: hadamard {h:.3f}, gaussian {g:.3f}" for m, h, g in zip(sizes, *errors.values())))
+    hadamard, gaussian = errors["hadamard"], errors["gaussian"]
+    assert hadamard[0] < gaussian[0], "at few hashes the orthogonal rotation's lower variance wins"
+    assert gaussian[-1] < 0.6 * gaussian[-2] and hadamard[-1] > 0.7 * hadamard[-2], "4x the hashes halve only Gaussian's"
+    assert hadamard[-1] > 1.5 * gaussian[-1]
 
 
 def test_hash_codes_are_reproducible_under_a_seed_and_scale_invariant():
@@ -72,15 +134,36 @@ def dense_yoso_e(q, k, v, mask, tau):
     return out * mask[:, None, :, None]
 
 
-def test_yoso_e_equals_the_dense_formula():
+@pytest.mark.parametrize("value_dim", [DIM, 2 * DIM], ids=["value-dim-equal", "value-dim-differs"])
+def test_yoso_e_equals_the_dense_formula(value_dim):
     torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 2, 50, DIM) for _ in range(3))
+    q, k = (torch.randn(3, 2, 50, DIM) for _ in range(2))
+    v = torch.randn(3, 2, 50, value_dim)
     mask = torch.rand(3, 50) < 0.7
     mask[1] = False
     for backward in ("lower_bound", "exact"):
         attn = attention_zoo.build("yoso", seq_len=64, num_heads=2, head_dim=DIM, expectation=True, backward=backward)
         assert attn.hash_bits == 6  # log2 of the padded length 64
         torch.testing.assert_close(attn(q, k, v, mask).double(), dense_yoso_e(q, k, v, mask, 6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backward", ["lower_bound", "exact"])
+def test_yoso_m_with_a_wider_value_dim_is_the_normalised_sum_of_its_parts(backward):
+    """Y = (1/m) sum_h B_h V is linear in V, and N-YOSO divides each row by its norm: with V' = [V, 2V]
+    and the same hashes, the output is [out, 2 out] / sqrt(5). Gradients flow to every input."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 40, DIM) for _ in range(3))
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False
+    attn = attention_zoo.build("yoso", seq_len=64, num_heads=2, head_dim=DIM, backward=backward)
+    torch.manual_seed(1)
+    out = attn(q, k, v, mask)
+    torch.manual_seed(1)
+    inputs = [q.clone().requires_grad_(), k.clone().requires_grad_(), torch.cat([v, 2 * v], -1).requires_grad_()]
+    wide = attn(*inputs, mask)
+    torch.testing.assert_close(wide, torch.cat([out, 2 * out], -1) / math.sqrt(5), rtol=1e-5, atol=1e-6)
+    (wide * torch.randn_like(wide)).sum().backward()  # rows are unit vectors: a plain square sum has no gradient
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in inputs)
 
 
 def test_yoso_e_exact_backward_passes_gradcheck_in_float64():
@@ -131,11 +214,16 @@ def test_yoso_m_error_grows_slowly_with_the_sequence_length():
 ESTIMATOR_DIM = 16  # the gradient estimators' cost grows with d^2: keep these draws cheap
 
 
-def estimator_means(backward: str, draws: int, tau: int, noise: float = 0.8, projection: str = "gaussian"):
-    """Mean over fresh hash draws of LSHCumulation's gradients w.r.t. unit q, k (k = q + noise) and v."""
-    generator = torch.Generator().manual_seed(0)
+def estimator_means(backward: str, draws: int, tau: int, noise: float, projection: str = "gaussian", seed: int = 0):
+    """Mean over fresh hash draws of lsh_attention's gradients w.r.t. q, k and v.
+
+    Inputs (data seed ``seed``): q_i, xi_i, v_i, g_i ~ N(0, I_16) for 64 tokens, the last 4 padded;
+    q_i is scaled to unit length and its key is a noisy copy of it, k_i = normalise(q_i + noise * xi_i).
+    """
+    generator = torch.Generator().manual_seed(seed)
     q, perturbation, v, grad = (torch.randn(1, 64, ESTIMATOR_DIM, generator=generator) for _ in range(4))
-    q, k = F.normalize(q, dim=-1), F.normalize(q + noise * perturbation, dim=-1)
+    q = F.normalize(q, dim=-1)
+    k = F.normalize(q + noise * perturbation, dim=-1)
     mask = torch.ones(1, 64, dtype=torch.bool)
     mask[0, 60:] = False
     attn = attention_zoo.build(
@@ -146,7 +234,7 @@ def estimator_means(backward: str, draws: int, tau: int, noise: float = 0.8, pro
     for _ in range(draws):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         codes = attn.hash(q, k)
-        LSHCumulation.apply(*inputs, mask, *codes, tau, backward).backward(grad)
+        yoso_cuda.lsh_attention(*inputs, mask, *codes, tau, backward).backward(grad)
         for total, tensor in zip(sums, inputs):
             total += tensor.grad
     return [total / draws for total in sums], (q, k, v, grad, mask)
@@ -172,39 +260,54 @@ def relative_error(estimate, target):
 
 
 def test_lower_bound_estimator_is_unbiased_for_the_dense_surrogate():
-    (grad_q, grad_k, grad_v), (q, k, v, grad, mask) = estimator_means("lower_bound", draws=300, tau=6)
+    (grad_q, grad_k, grad_v), (q, k, v, grad, mask) = estimator_means("lower_bound", draws=300, tau=6, noise=0.3)
     dense = dense_gradients(q, k, v, grad, mask, 6, surrogate=True)
     for estimate, target in zip((grad_q, grad_k, grad_v), dense):
         assert relative_error(estimate, target) < 0.05
     assert (grad_q[0, 60:] == 0).all() and (grad_k[0, 60:] == 0).all(), "padded tokens get no gradient"
 
 
-@pytest.mark.parametrize("noise", [0.5, 1.5], ids=["aligned", "loose"])
-def test_exact_backward_is_closer_to_the_true_gradient(noise):
-    """Mean of each estimator against the true gradient of E V (tau 8, Hadamard hashing).
+GRADIENT_SEEDS = range(6)
 
-    The figures in attention_zoo/yoso.py's docstring come from this test (printed with -s). The
-    exact estimator is closer in relative error at both alignments (the lower bound shrinks the
-    gradient to about half), and in direction where queries and keys align; where they align
-    loosely the lower bound's direction is slightly better.
+
+@pytest.mark.parametrize("noise", [0.1, 0.3, 1.0], ids=["close", "medium", "loose"])
+def test_which_backward_is_closer_to_the_true_gradient(noise):
+    """Each estimator's mean over 60 draws of 32 Hadamard hashes (tau 8) against the true gradient of E V
+    w.r.t. Q, on the inputs of ``estimator_means`` for data seeds 0-5.
+
+    The table in attention_zoo/yoso.py's docstring is what this prints (``pytest -s``). Asserted: only
+    what holds on every seed. The lower bound keeps under 0.7 of the true gradient's norm at every
+    alignment; where keys are close copies of their queries the exact estimator's error is lower by more
+    than 0.2; from medium alignment on, the lower bound's direction is better by more than 0.02, and
+    where they align loosely its error is lower too.
     """
     tau = 8
-    figures = {}
-    for backward in ("lower_bound", "exact"):
-        (grad_q, grad_k, _), (q, k, v, grad, mask) = estimator_means(backward, 60, tau, noise, projection="hadamard")
-        true_q, true_k, _ = dense_gradients(q, k, v, grad, mask, tau, surrogate=False)
-        figures[backward] = {
-            "cosine": (cosine(grad_q, true_q), cosine(grad_k, true_k)),
-            "relative_error": (relative_error(grad_q, true_q), relative_error(grad_k, true_k)),
-            "norm_ratio": (grad_q.norm() / true_q.norm()).item(),
-        }
-    print(f"noise {noise}: {figures}")
-    exact, lower = figures["exact"], figures["lower_bound"]
-    for index in (0, 1):
-        assert exact["relative_error"][index] < lower["relative_error"][index] - 0.05
-        assert min(exact["cosine"][index], lower["cosine"][index]) > 0.9
-        if noise < 1:
-            assert exact["cosine"][index] > lower["cosine"][index]
+    rows = []
+    for seed in GRADIENT_SEEDS:
+        row = {}
+        for backward in ("exact", "lower_bound"):
+            (grad_q, _, _), (q, k, v, grad, mask) = estimator_means(backward, 60, tau, noise, "hadamard", seed)
+            true_q = dense_gradients(q, k, v, grad, mask, tau, surrogate=False)[0]
+            row[backward] = (relative_error(grad_q, true_q), cosine(grad_q, true_q), (grad_q.norm() / true_q.norm()).item())
+        row["alignment"] = (q * k).sum(-1)[mask].mean().item()
+        rows.append(row)
+
+    def summary(values):
+        return f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+    print(f"\nnoise {noise}: mean cos(q_i, k_i) {summary([r['alignment'] for r in rows])}")
+    for backward in ("exact", "lower_bound"):
+        relative, cos, norm = zip(*(r[backward] for r in rows))
+        print(f"  {backward:11s} relative error {summary(relative)}, cosine {summary(cos)}, norm ratio {summary(norm)}")
+    for row in rows:
+        (exact_error, exact_cosine, _), (lower_error, lower_cosine, lower_norm) = row["exact"], row["lower_bound"]
+        assert lower_norm < 0.7
+        if noise <= 0.1:
+            assert exact_error < lower_error - 0.2
+        if noise >= 0.3:
+            assert lower_cosine > exact_cosine + 0.02
+        if noise >= 1.0:
+            assert lower_error < exact_error
 
 
 @pytest.mark.parametrize(

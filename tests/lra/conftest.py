@@ -31,10 +31,11 @@ def tiny_overrides():
 def run_train(tmp_path):
     """Run ``python -m lra.train`` on the tiny ListOps with data and outputs under ``tmp_path``."""
 
-    def run(*overrides, flags=(), check=True):
-        env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+    def run(*extra, flags=(), check=True, overrides=TINY, env=None):
+        """``overrides``: the tiny settings (replace them to drop some); ``extra``: the test's own."""
+        env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs"), **(env or {})}
         process = subprocess.run(
-            [sys.executable, "-m", "lra.train", *flags, *TINY, *overrides],
+            [sys.executable, "-m", "lra.train", *flags, *overrides, *extra],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )
         if check and process.returncode != 0:

@@ -7,7 +7,7 @@ import torch
 
 import attention_zoo
 from attention_zoo import Attention, register
-from lra.bench import efficiency
+from lra.bench import efficiency, measure
 
 
 class PassThrough(Attention):
@@ -88,11 +88,11 @@ def test_unknown_attention_is_named(tmp_path):
 
 
 def test_cpu_memory_meter_sees_an_allocation_of_known_size():
-    meter = efficiency.MemoryMeter(torch.device("cpu"))
+    meter = measure.MemoryMeter(torch.device("cpu"))
     meter.reset_peak()
     block = torch.ones(200 * 2**20, dtype=torch.uint8)  # 200 MiB, touched
     del block
-    assert efficiency.MemoryMeter(torch.device("cpu")).baseline < meter.baseline + 50  # given back on free
+    assert measure.MemoryMeter(torch.device("cpu")).baseline < meter.baseline + 50  # given back on free
     assert meter.peak_above_baseline() == pytest.approx(200, abs=30)
 
 

@@ -4,12 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import yaml
 
 import attention_zoo
 from lra.data import listops
 from lra.model import LRAClassifier, LRAEncoder
+from lra.module import LRAClassificationModule
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "conf" / "attention").glob("*.yaml"))
 
@@ -50,6 +52,56 @@ def test_a_few_steps_reduce_the_loss(path, listops_batch):
         losses.append(loss.item())
     assert all(map(torch.isfinite, map(torch.tensor, losses)))
     assert sum(losses[-3:]) / 3 < 0.8 * losses[0], f"{name}: loss {losses[0]:.3f} -> {losses[-3:]}"
+
+
+class StepRecorder(pl.Callback):
+    """The loss, the gradients before the optimiser step, and the dtypes of a projection's output
+    and of what the core attention receives during the step."""
+
+    def __init__(self, attention_layer: torch.nn.Module) -> None:
+        self.dtypes: dict[str, torch.dtype] = {}
+
+        def record_projection(module, args, out) -> None:
+            self.dtypes["projection"] = out.dtype
+
+        def record_attention_input(module, args, out) -> None:
+            self.dtypes["attention"] = args[0].dtype
+
+        attention_layer.query.register_forward_hook(record_projection)
+        attention_layer.attention.register_forward_hook(record_attention_input)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.loss = outputs["loss"].detach()
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.gradients = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_a_training_step_under_bf16_mixed_precision(path, listops_batch):
+    """The GPU trainer's path (conf/trainer/gpu.yaml: Lightning's bf16-mixed) on the CPU: the
+    projections run in bfloat16, the core attention in float32, loss and gradients are finite."""
+    ids, labels = listops_batch
+    preset = load_preset(path)
+    torch.manual_seed(0)
+    encoder = LRAEncoder(vocab_size=listops.VOCAB_SIZE, seq_len=64, attention=preset["name"], attention_hparams=preset["hparams"])
+    module = LRAClassificationModule(LRAClassifier(listops.NUM_CLASSES, encoder), listops.NUM_CLASSES, warmup_steps=0, max_steps=1)
+    recorder = StepRecorder(encoder.blocks[0].attention)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+    )
+    batches = torch.utils.data.DataLoader([{"input_ids": i, "label": y} for i, y in zip(ids, labels)], batch_size=16)
+    trainer.fit(module, train_dataloaders=batches)
+    assert recorder.dtypes == {"projection": torch.bfloat16, "attention": torch.float32}
+    assert torch.isfinite(recorder.loss)
+    trained = {name for name, p in module.named_parameters() if p.requires_grad}
+    if preset["name"] == "none":  # no token mixing: queries and keys are never used
+        trained = {name for name in trained if ".attention.query." not in name and ".attention.key." not in name}
+    assert set(recorder.gradients) == trained, f"no gradient for {trained - set(recorder.gradients)}"
+    for name, gradient in recorder.gradients.items():
+        assert torch.isfinite(gradient).all(), name
+    assert all(gradient.abs().sum() > 0 for name, gradient in recorder.gradients.items() if name.endswith("weight"))
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 RESULT_KEYS = {
@@ -60,16 +61,28 @@ def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
     assert len({r["config_hash"] for r in records.values()}) == 3
 
 
+def assert_one_clear_message(process, message, exception):
+    """The run failed with ``message`` on the console and no traceback; results.json and train.log have the rest."""
+    assert process.returncode == 1
+    assert message in process.stderr
+    assert "Traceback" not in process.stdout + process.stderr
+    return assert_recorded_failure(process, exception)
+
+
+def assert_recorded_failure(process, exception):
+    folder = Path(process.stderr.split("the error is recorded in ")[1].split()[0]).parent
+    record = json.loads((folder / "results.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith(f"{exception}: ")
+    assert "Traceback" in (folder / "train.log").read_text()
+    return record
+
+
 @pytest.mark.slow
 def test_missing_release_folder_is_a_clear_error(tmp_path, run_train):
     process = run_train("task.data.source=official", check=False)
-    assert process.returncode != 0
     missing = tmp_path / "data" / "lra_release" / "listops-1000"
-    assert f"ListOps data not found in {missing}" in process.stderr
     assert "task.data.source=generated" in process.stderr
-    (path,) = results_files(tmp_path)
-    record = json.loads(path.read_text())
-    assert record["status"] == "failed" and "FileNotFoundError" in record["error"]
+    assert_one_clear_message(process, f"ListOps data not found in {missing}", "FileNotFoundError")
 
 
 @pytest.mark.slow
@@ -81,25 +94,76 @@ def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
 
 
 @pytest.mark.slow
-def test_unknown_attention_hyperparameter_is_a_clear_error(tmp_path, run_train):
-    process = run_train("+attention.hparams.dropuot=0.2", check=False)
-    assert process.returncode != 0
-    assert "unknown hyperparameter(s) ['dropuot']" in process.stderr
-    assert "dropout: float = 0.1" in process.stderr
+@pytest.mark.parametrize(
+    "override, message, exception",
+    [
+        ("+attention.hparams.dropuot=0.2", "unknown hyperparameter(s) ['dropuot']", "ValueError"),
+        ("attention.hparams.dropout=abc", "hyperparameter 'dropout' of attention 'softmax' must be float", "TypeError"),
+        ("attention.hparams.dropout=2.0", "dropout must be in [0, 1), got 2.0", "ValueError"),
+        ("task.protocol.max_steps=ten", "task.protocol.max_steps must be int, got 'ten'", "TypeError"),
+    ],
+    ids=["unknown", "ill-typed", "bad-value", "ill-typed-protocol"],
+)
+def test_a_configuration_error_is_one_clear_message_and_a_failed_record(tmp_path, run_train, override, message, exception):
+    process = run_train(override, check=False)
+    assert_one_clear_message(process, message, exception)
+    if "dropuot" in override:
+        assert "dropout: float = 0.1" in process.stderr  # the valid keys and their defaults
 
 
 @pytest.mark.slow
-def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path, run_train):
-    # The second cell's evaluation interval exceeds its training length: an error inside the run.
-    run_train("task.protocol.val_check_interval=3,100", flags=["-m"])
-    records = {r["protocol"]["val_check_interval"]: r for r in map(json.loads, map(Path.read_text, results_files(tmp_path)))}
-    assert records[3]["status"] == "finished"
-    assert records[100]["status"] == "failed" and "val_check_interval=100 exceeds max_steps=6" in records[100]["error"]
+def test_the_full_traceback_on_request(tmp_path, run_train):
+    process = run_train("attention.hparams.dropout=2.0", check=False, env={"HYDRA_FULL_ERROR": "1"})
+    assert process.returncode == 1
+    assert "Traceback" in process.stderr and "ValueError: dropout must be in [0, 1), got 2.0" in process.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_recorded_the_sweep_goes_on_and_ends_with_a_summary(tmp_path, run_train):
+    # The second cell asks for the official release, which is not there: an error before training.
+    process = run_train("task.data.source=generated,official", flags=["-m"], check=False)
+    assert process.returncode == 1, "a sweep with a failed cell must not exit 0"
+    records = {r["data"]["source"]: r for r in map(json.loads, map(Path.read_text, results_files(tmp_path)))}
+    assert records["generated"]["status"] == "finished"
+    assert records["official"]["status"] == "failed" and "ListOps data not found" in records["official"]["error"]
+    summary = process.stdout[process.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished"):]
+    assert "finished  listops / softmax / seed 0" in summary and "failed    listops / softmax / seed 0" in summary
+    assert "FileNotFoundError: ListOps data not found in" in summary
+    assert all(str(path.parent) in summary for path in results_files(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_shortened_run_adjusts_warmup_and_evaluation_and_says_so(tmp_path, run_train, tiny_overrides):
+    data_only = [o for o in tiny_overrides if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps",
+                                                                  "task.protocol.val_check_interval"))]
+    process = run_train("task.protocol.max_steps=20", overrides=data_only)
+    assert "Adjusted task.protocol.warmup_steps from 40 to 2" in process.stderr
+    assert "Adjusted task.protocol.val_check_interval from 50 to 20" in process.stderr
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["steps"] == 20
+    assert record["protocol"]["warmup_steps"] == 2 and record["protocol"]["val_check_interval"] == 20
+    assert record["adjusted"]["warmup_steps"]["from"] == 40 and record["adjusted"]["val_check_interval"]["to"] == 20
+    assert "Adjusted task.protocol.warmup_steps" in (path.parent / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path, run_train):
+    process = run_train("attention=yoso_32", "trainer.progress_bar=true")
+    console = process.stdout + process.stderr
+    for noise in ("litlogger", "LeafSpec", "v_num", "No CUDA runtime", "Seed set"):
+        assert noise not in console, noise
+    assert "Epoch 1" in console and "test acc" in console
+    (path,) = results_files(tmp_path)
+    train_log = (path.parent / "train.log").read_text()
+    assert "Generating ListOps" in train_log and "Prepared listops" in train_log
+    assert "step 3: val/acc" in train_log and "step 6: val/acc" in train_log
+    assert "test acc" in train_log
 
 
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_overrides):
-    overrides = [*tiny_overrides, "task.protocol.max_steps=400", "task.protocol.val_check_interval=5"]
+    overrides = [*tiny_overrides, "task.protocol.max_steps=100", "task.protocol.val_check_interval=5"]
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
     process = subprocess.Popen([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -111,16 +175,32 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
     (path,) = results_files(tmp_path)
     assert json.loads(path.read_text())["status"] == "running"
 
+    interrupted_log = (path.parent / "train.log").read_text()
+    assert "step 5: val/acc" in interrupted_log, "train.log holds the run's log up to the interruption"
+    before = pd.read_csv(path.parent / "metrics" / "metrics.csv")
+    assert before["val/acc"].notna().sum() >= 1
+
     resumed = subprocess.run([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming the interrupted run" in resumed.stdout + resumed.stderr
     record = json.loads(path.read_text())
-    assert record["status"] == "finished" and record["steps"] == 400
+    assert record["status"] == "finished" and record["steps"] == 100
     assert record["resumed_from"].endswith("last.ckpt")
-    # The evaluations before the interruption still count: one every 5 steps, 80 in all.
-    metrics = (path.parent / "metrics" / "metrics.csv").read_text()
-    assert record["best_val_step"] % 5 == 0 and "val/acc" in metrics
+    assert record["best_val_step"] % 5 == 0
+    # Every step's metrics, from before and after the interruption, each once: one evaluation every
+    # 5 steps (logged at step 5k - 1), 20 in all, and the training loss at the same steps.
+    metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
+    evaluations = metrics.dropna(subset=["val/acc"])["step"].tolist()
+    assert evaluations == list(range(4, 100, 5))
+    assert metrics.dropna(subset=["train/loss"])["step"].tolist() == list(range(4, 100, 5))
+    # train.log is appended to: an evaluation logged after the checkpoint and before the kill appears twice.
+    assert sorted(set(train_log_evaluations(path.parent))) == list(range(5, 101, 5))
+
+
+def train_log_evaluations(folder):
+    lines = (folder / "train.log").read_text().splitlines()
+    return [int(line.split("step ")[1].split(":")[0]) for line in lines if "[lra.train.file]" in line and ": val/acc" in line]
 
 
 @pytest.mark.slow
@@ -136,7 +216,8 @@ def test_ddp_with_two_cpu_processes(tmp_path, run_train):
 
 @pytest.mark.slow
 def test_joblib_sweep_runs_cells_in_parallel_processes(tmp_path, run_train):
-    run_train("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention=softmax,none", flags=["-m"])
+    process = run_train("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention=softmax,none", flags=["-m"])
     records = [json.loads(p.read_text()) for p in results_files(tmp_path)]
     assert sorted(r["attention"] for r in records) == ["none", "softmax"]
     assert all(r["status"] == "finished" for r in records)
+    assert "Sweep: 2 cells, 2 finished, 0 not finished" in process.stdout, "the workers report to the summary"

@@ -4,8 +4,10 @@ Every op against the pure-PyTorch reference over a grid that reaches every path 
 (n = 1, 7, 4097; an all-padded batch row; nq != nk; buckets of more than 256 keys; head and value
 dims above 128; more than 32 hashes; several chunks of hashes; fp32, fp16, bf16), each under the
 emulator's three schedules, whose results must be bitwise identical (the kernels use no atomics).
-``YOSO_EMULATOR_SANITIZE=1`` (in a process preloading ``emulator.sanitizer_preload()``) runs the same tests on the build
-with AddressSanitizer and UndefinedBehaviorSanitizer; ``test_sanitized_build`` does that.
+``YOSO_EMULATOR_SANITIZE=1`` (in a process preloading ``emulator.sanitizer_preload()``) runs the
+same tests on the build with AddressSanitizer and UndefinedBehaviorSanitizer, as
+``test_sanitized_build`` does; ``YOSO_EMULATOR_SOURCE`` points them at another copy of the kernels
+(``python -m yoso_cuda.emulator.mutants`` does, to show that injected bugs fail them).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from yoso_cuda import emulator, ops, reference
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the emulator compiles the kernels with a C++ compiler")
 
 SANITIZE = os.environ.get("YOSO_EMULATOR_SANITIZE") == "1"
+SOURCE = Path(os.environ.get("YOSO_EMULATOR_SOURCE", emulator.CUDA_SOURCE))  # another copy: the mutants script
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 @pytest.fixture(scope="module")
 def emulated():
-    return emulator.build(sanitize=SANITIZE)
+    return emulator.build(SOURCE, sanitize=SANITIZE)
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ def test_out_of_range_codes_are_the_same_error_on_every_backend(emulated, op, ba
     args = op_arguments(op, x, 6)
     message = f"{side} holds hash codes outside [0, 2^6): codes must come from hash_codes with the same hash_bits"
     backends = {"emulated CUDA": getattr(emulated.ops, op), "reference": getattr(reference, op)}
-    if ops.kernels().cpu:
+    if ops.kernels().cpu.loaded:
         backends["CPU kernel"] = getattr(torch.ops.yoso, op)
     for backend, function in backends.items():
         with pytest.raises(ValueError) as error:
@@ -164,7 +167,7 @@ def test_out_of_range_codes_are_the_same_error_on_every_backend(emulated, op, ba
 
 
 def test_the_rewrite_handles_every_cuda_construct_of_the_source(emulated):
-    source = emulator.CUDA_SOURCE.read_text()
+    source = SOURCE.read_text()
     assert emulated.rewrites["launches"] == source.count("<<<")
     assert emulated.rewrites["empty"] == source.count("at::empty(")
     assert emulated.rewrites["dispatch_key"] == 1

@@ -75,43 +75,58 @@ def _asan_is_loaded() -> bool:
 
 
 @functools.cache
-def build(source: Path = CUDA_SOURCE, *, sanitize: bool = False, namespace: str | None = None, verbose: bool = False) -> Emulator:
-    """Rewrite ``source``, compile it with the runtime (cached by torch's extension builder), load it."""
+def build(
+    source: Path = CUDA_SOURCE,
+    *,
+    sanitize: bool = False,
+    namespace: str | None = None,
+    schemas: tuple[str, ...] | None = None,
+    verbose: bool = False,
+) -> Emulator:
+    """Rewrite ``source``, compile it with the runtime (cached by torch's extension builder), load it.
+
+    The ops take the schemas of yoso_cuda's ops of the same names, unless ``schemas`` gives them
+    (``"name(Tensor x) -> Tensor"``, for sources that are not yoso_cuda's kernels).
+    """
     from torch.utils import cpp_extension
 
     from .. import ops as yoso_ops
+    from ..build import build_lock
 
     if sanitize and not _asan_is_loaded():
         raise RuntimeError(
             "the sanitized emulator must run in a process that preloads AddressSanitizer's runtime: "
             f"LD_PRELOAD='{sanitizer_preload()}' ASAN_OPTIONS=detect_leaks=0 python ..."
         )
-    report = yoso_ops.kernels()  # the CPU library defines the schemas the emulated kernels implement
-    if not report.cpu:
-        raise RuntimeError(f"the emulator needs yoso_cuda's CPU library for the op schemas: {report.error}")
+    if schemas is None:
+        report = yoso_ops.kernels()  # the CPU library defines the schemas the emulated kernels implement
+        if not report.cpu.loaded:
+            raise RuntimeError(f"the emulator needs yoso_cuda's CPU library for the op schemas: {report.cpu.reason}")
     source = Path(source).resolve()
     tag = hashlib.sha256(str(source).encode()).hexdigest()[:8]
     namespace = namespace or ("yoso_emu_asan" if sanitize else "yoso_emu") + ("" if source == CUDA_SOURCE else f"_{tag}")
     text, rewrites, op_names = rewrite(source.read_text(), namespace, str(source))
-    folder = Path(cpp_extension.get_default_build_root()) / f"{namespace}_source"
-    folder.mkdir(parents=True, exist_ok=True)
-    rewritten = folder / "kernels.cpp"
+    build_directory = Path(cpp_extension._get_build_directory(namespace, verbose))
+    rewritten = build_directory / "kernels.cpp"
     if not rewritten.exists() or rewritten.read_text() != text:  # an unchanged file keeps ninja's cache valid
         rewritten.write_text(text)
     flags = ["-O1", "-g"] + SANITIZER_FLAGS if sanitize else ["-O2"]
     flags += [f"-I{HERE}", f"-I{source.parent}", f"-I{CUDA_SOURCE.parent}", f"-DEMU_NAMESPACE={namespace}", "-Wno-unknown-pragmas"]
-    library = cpp_extension.load(
-        name=namespace,
-        sources=[str(rewritten), str(HERE / "runtime.cpp")],
-        extra_cflags=flags,
-        extra_ldflags=SANITIZER_FLAGS if sanitize else [],
-        is_python_module=False,
-        verbose=verbose,
-    )
+    with build_lock(build_directory):
+        library = cpp_extension.load(
+            name=namespace,
+            sources=[str(rewritten), str(HERE / "runtime.cpp")],
+            extra_cflags=flags,
+            extra_ldflags=SANITIZER_FLAGS if sanitize else [],
+            build_directory=str(build_directory),
+            is_python_module=False,
+            verbose=verbose,
+        )
     definitions = torch.library.Library(namespace, "FRAGMENT")
-    for name in op_names:
-        schema = str(getattr(torch.ops.yoso, name).default._schema)
-        definitions.define(schema.split("::", 1)[1])
+    if schemas is None:
+        schemas = tuple(str(getattr(torch.ops.yoso, name).default._schema).split("::", 1)[1] for name in op_names)
+    for schema in schemas:
+        definitions.define(schema)
     _LIBRARIES.append(definitions)  # registrations last as long as their Library object
     return Emulator(namespace, str(library), rewrites, tuple(op_names))
 

@@ -207,9 +207,9 @@ Block* running_block = nullptr;
 
 class Block {
  public:
-  Block(const LaunchConfig& config, const char* kernel, dim3 block_idx, const std::function<void()>& body,
+  Block(const LaunchConfig& config, dim3 block_idx, const std::function<void()>& body,
         std::vector<std::unique_ptr<Stack>>& stacks, std::mt19937_64& random)
-      : config_(config), kernel_(kernel), body_(body), random_(random) {
+      : config_(config), body_(body), random_(random) {
     const unsigned size = config.block.x * config.block.y * config.block.z;
     threads_.resize(size);
     while (stacks.size() < size) stacks.push_back(std::make_unique<Stack>());
@@ -493,7 +493,6 @@ class Block {
   }
 
   const LaunchConfig& config_;
-  const char* kernel_;
   const std::function<void()>& body_;
   std::mt19937_64& random_;
   std::vector<Thread> threads_;
@@ -572,7 +571,7 @@ void run_grid(const LaunchConfig& config, const char* kernel, int launch_bound, 
   for (const uint64_t linear : order) {
     const dim3 block_idx(static_cast<unsigned>(linear % grid_dims[0]), static_cast<unsigned>((linear / grid_dims[0]) % grid_dims[1]),
                          static_cast<unsigned>(linear / (grid_dims[0] * grid_dims[1])));
-    Block block(config, kernel, block_idx, body, stack_pool(), random);
+    Block block(config, block_idx, body, stack_pool(), random);
     running_block = &block;
     const std::string error = block.run();
     running_block = nullptr;

@@ -1,0 +1,356 @@
+"""One command for a GPU machine: validate YOSO's CUDA kernels and measure the GPU benchmarks.
+
+``python -m lra.bench gpu [--steps check,tests,...] [--out results] [--timeout S] [-k EXPR] [--dry-run]``
+runs these steps in order from the repository root, each as its own process, and goes on past a
+step that fails:
+
+============  ================================================================================
+``check``     ``python -m yoso_cuda --check``: builds the kernels (``YOSO_KERNELS=require``),
+              every compiled op against the reference on the CPU and the GPU
+``tests``     ``pytest -m cuda tests/yoso_cuda``: the CUDA kernel tests
+``memcheck``  the same tests under ``compute-sanitizer --tool memcheck`` (no caching allocator,
+              so an out-of-bounds access lands outside an allocation)
+``racecheck`` the same tests under ``compute-sanitizer --tool racecheck`` (shared-memory hazards)
+``kernels``   ``python -m lra.bench kernels`` (YOSO-32 against every SDPA backend, 1K..64K tokens)
+``efficiency``  a short ``python -m lra.bench efficiency`` (every attention, n = 512, 2048, 8192)
+``train``     ``python -m lra.train -m trainer=gpu attention=<every preset>``: a short run of
+              each preset on the smoke ListOps (generated), outputs in a fresh folder
+============  ================================================================================
+
+It writes into ``--out`` (default ``results/``): ``kernels_cuda.{csv,png}``,
+``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, each step's full output in
+``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
+CUDA, torch; each step's command, status, duration and key figures) rendered from
+``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
+the others, so the steps can be split across sessions (each step has a timeout, ``--timeout``).
+
+It needs only what the project's training needs (torch, Lightning, Hydra, pandas, matplotlib,
+ninja, pytest) plus, for the sanitizer steps, ``compute-sanitizer`` from the CUDA toolkit; without
+it those steps are recorded as skipped. ``--dry-run`` prints the commands without running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from lra.results import git_commit
+from yoso_cuda.build import cuda_toolkit
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+PRESETS = ROOT / "conf" / "attention"
+SUMMARY = "gpu_validation_cuda"
+CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
+TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a few steps
+    "trainer=gpu", "trainer.progress_bar=false",
+    "task.protocol.max_steps=60", "task.protocol.warmup_steps=6", "task.protocol.val_check_interval=30",
+    "task.protocol.limit_val_batches=4",
+]
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    timeout_s: float
+    env: dict[str, str] = field(default_factory=dict)
+    skip_reason: str | None = None  # set when the step cannot run on this machine
+
+
+@dataclass
+class StepResult:
+    name: str
+    command: str
+    status: str  # passed | failed | timeout | skipped
+    duration_s: float
+    figures: list[str]  # key figures, one line each (markdown)
+    log: str | None = None  # the step's full output, relative to --out
+    finished_at: str = ""
+
+
+def compute_sanitizer() -> str | None:
+    toolkit = cuda_toolkit()
+    candidates = [shutil.which("compute-sanitizer")] + ([str(Path(toolkit) / "bin" / "compute-sanitizer")] if toolkit else [])
+    return next((path for path in candidates if path and Path(path).exists()), None)
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
+
+
+def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter: str | None = None) -> dict[str, Step]:
+    """Every step, in order, with its command."""
+    python = sys.executable
+    cuda_tests = CUDA_TESTS + (["-k", pytest_filter] if pytest_filter else [])
+    sanitizer = compute_sanitizer()
+    missing = None if sanitizer else "compute-sanitizer not found (it ships with the CUDA toolkit, in <CUDA_HOME>/bin)"
+    unpooled = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}  # each tensor its own allocation, so overruns are caught
+    steps = [
+        Step("check", [python, "-m", "yoso_cuda", "--check"], 540),
+        Step("tests", [python, *cuda_tests], 540),
+        # API errors that torch provokes and handles itself (probing features) are not the kernels' bugs.
+        Step("memcheck", [sanitizer or "compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                          "--error-exitcode", "1", python, *cuda_tests], 570, unpooled, missing),
+        Step("racecheck", [sanitizer or "compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "1", python, *cuda_tests],
+             570, unpooled, missing),
+        Step("kernels", [python, "-m", "lra.bench", "kernels", "--device", "cuda", "--lengths", "1024", "4096", "16384",
+                         "65536", "--out", str(out)], 540),
+        Step("efficiency", [python, "-m", "lra.bench", "efficiency", "--device", "cuda", "--lengths", "512", "2048", "8192",
+                            "--repeats", "3", "--max-batch-tokens", str(2**18), "--quiet", "--out", str(out)], 540),
+        Step("train", [python, "-m", "lra.train", "-m", f"attention={','.join(preset_names())}", *TRAIN_OVERRIDES],
+             570, {"LRA_OUTPUT_DIR": str(train_dir)}),
+    ]
+    for step in steps:
+        step.env = {"YOSO_KERNELS": "require", "PYTHONUNBUFFERED": "1", **step.env}
+        step.timeout_s = timeout or step.timeout_s
+    return {step.name: step for step in steps}
+
+
+def run_step(step: Step, log_path: Path) -> tuple[str, float]:
+    """Run ``step`` with its output into ``log_path``; its status and duration."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(step.command)}\n# env: {step.env}\n")
+        log.flush()
+        process = subprocess.Popen(
+            step.command, cwd=ROOT, env={**os.environ, **step.env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so a timeout stops its children too
+        )
+        try:
+            status = "passed" if process.wait(timeout=step.timeout_s) == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            log.write(f"\n# stopped after the step's timeout of {step.timeout_s:.0f} s\n")
+            status = "timeout"
+    return status, time.perf_counter() - start
+
+
+# ---- key figures, read from each step's log and outputs ------------------------------------------
+
+
+def last_match(pattern: str, text: str) -> str | None:
+    found = re.findall(pattern, text, flags=re.MULTILINE)
+    return found[-1].strip() if found else None
+
+
+def check_figures(log: str) -> list[str]:
+    verdicts = re.findall(r"^(cpu|cuda)\s+(.+?)\s+(PASS|FAIL)\s+(.*)$", log, flags=re.MULTILINE)
+    figures = [f"{sum(v[2] == 'PASS' for v in verdicts)} PASS, {sum(v[2] == 'FAIL' for v in verdicts)} FAIL"]
+    figures += [f"{device} {op}: {verdict} ({detail})" for device, op, verdict, detail in verdicts if device == "cuda" or verdict == "FAIL"]
+    figures += [line for line in log.splitlines() if line.startswith(("cuda kernels:", "cpu kernels:"))]
+    return figures
+
+
+def pytest_figures(log: str) -> list[str]:
+    summary = last_match(r"^=*\s*(\d+ (?:passed|failed|error).*?)\s*=*$", log)
+    failed = re.findall(r"^FAILED (\S+)", log, flags=re.MULTILINE)
+    return [f"pytest: {summary or 'no summary line'}"] + [f"failed: {name}" for name in failed[:20]]
+
+
+def sanitizer_figures(log: str) -> list[str]:
+    lines = [last_match(r"^=+ ((?:ERROR|RACECHECK) SUMMARY: .*)$", log) or "no sanitizer summary line"]
+    lines += [f"first report: {line.strip()}" for line in re.findall(r"^=+ (?:Invalid|Race|Error).*$", log, re.MULTILINE)[:5]]
+    return lines + pytest_figures(log)
+
+
+def kernels_figures(out: Path) -> list[str]:
+    """Per dtype and head dim, at the longest length YOSO-32 ran: its forward+backward time and the fastest softmax's."""
+    rows = read_csv(out / "kernels_cuda.csv")
+    figures = []
+    for dtype, head_dim in sorted({(r["dtype"], r["head_dim"]) for r in rows}):
+        timed = [r for r in rows if (r["dtype"], r["head_dim"]) == (dtype, head_dim) and r["pass"] == "forward+backward" and r["time_ms"] not in ("", "nan")]
+        yoso = [r for r in timed if r["method"] == "yoso_32"]
+        if not yoso:
+            figures.append(f"{dtype} d={head_dim}: yoso_32 did not run")
+            continue
+        longest = max(yoso, key=lambda r: int(r["seq_len"]))
+        softmax = [r for r in timed if r["method"].startswith("softmax") and r["seq_len"] == longest["seq_len"]]
+        best = min(softmax, key=lambda r: float(r["time_ms"]), default=None)
+        against = f"{best['method']} {float(best['time_ms']):.2f} ms" if best else "no softmax backend ran"
+        figures.append(f"{dtype} d={head_dim} n={longest['seq_len']} forward+backward: yoso_32 {float(longest['time_ms']):.2f} ms, "
+                       f"{against}")
+    failed = sum(bool(r["error"]) for r in rows)
+    return figures + [f"{len(rows)} rows, {failed} with an error (out of memory or a backend refusing the inputs)"]
+
+
+def efficiency_figures(out: Path) -> list[str]:
+    rows = read_csv(out / "efficiency_cuda.csv")
+    if not rows:
+        return ["no rows"]
+    longest = max(int(r["seq_len"]) for r in rows)
+    figures = [f"{r['attention']} n={longest}: {float(r['time_ms']):.3f} ms and {float(r['memory_mb']):.1f} MB per instance (batch {r['batch']})"
+               if r["status"] == "ok" else f"{r['attention']} n={longest}: {r['status']}"
+               for r in rows if int(r["seq_len"]) == longest]
+    statuses = sorted({r["status"] for r in rows})
+    return figures + ["cells: " + ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in statuses)]
+
+
+TRAIN_FIELDS = ["attention_preset", "attention", "status", "steps", "test_acc", "best_val_acc", "wall_time_s", "peak_memory_mb", "device", "error"]
+
+
+def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
+    """Every preset's results.json into train_presets_cuda.csv; figures and whether every preset finished."""
+    rows = []
+    for preset in preset_names():
+        found = sorted(train_dir.glob(f"*/{preset}/**/results.json"))
+        record = json.loads(found[-1].read_text()) if found else {"status": "missing"}
+        rows.append({"attention_preset": preset, **{key: record.get(key, "") for key in TRAIN_FIELDS[1:]}})
+    with open(out / "train_presets_cuda.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=TRAIN_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    figures = [f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "
+               f"{r['peak_memory_mb']} MB" + (f", error: {str(r['error'])[:200]}" if r["error"] else "") for r in rows]
+    return figures, all(r["status"] == "finished" for r in rows)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[str], bool]:
+    """The step's key figures and whether its outputs hold up (beyond its exit status)."""
+    if name == "check":
+        return check_figures(log), True
+    if name == "tests":
+        return pytest_figures(log), True
+    if name in ("memcheck", "racecheck"):
+        return sanitizer_figures(log), True
+    if name == "kernels":
+        return kernels_figures(out), True
+    if name == "efficiency":
+        return efficiency_figures(out), True
+    return train_figures(train_dir, out)
+
+
+# ---- the summary ---------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    info = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible",
+        "torch": torch.__version__,
+        "torch CUDA": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "commit": git_commit(),
+    }
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        query = subprocess.run([smi, "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+        info["driver, GPU memory"] = query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else "unknown"
+    toolkit = cuda_toolkit()
+    if toolkit:
+        version = subprocess.run([str(Path(toolkit) / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60)
+        info["nvcc"] = last_match(r"(release .*)$", version.stdout) or "unknown"
+    sanitizer = compute_sanitizer()
+    if sanitizer:
+        version = subprocess.run([sanitizer, "--version"], capture_output=True, text=True, timeout=60)
+        info["compute-sanitizer"] = last_match(r"(Version .*)$", version.stdout) or sanitizer
+    return info
+
+
+def render(record: dict) -> str:
+    """The markdown summary of a validation record."""
+    lines = ["# YOSO on a GPU: validation and benchmarks", "",
+             "Written by `python -m lra.bench gpu` (lra/bench/gpu.py); each step's full output is in "
+             f"`{SUMMARY}/<step>.log`.", ""]
+    lines += ["| | |", "| --- | --- |"] + [f"| {key} | {value} |" for key, value in record["machine"].items()] + [""]
+    lines += ["| step | status | duration | command |", "| --- | --- | --- | --- |"]
+    results = [StepResult(**result) for result in record["steps"].values()]
+    for result in results:
+        lines.append(f"| {result.name} | {result.status} | {result.duration_s:.0f} s | `{result.command}` |")
+    for result in results:
+        lines += ["", f"## {result.name}: {result.status}", "", f"`{result.command}` ({result.finished_at})", ""]
+        lines += [f"- {figure}" for figure in result.figures]
+    return "\n".join(lines) + "\n"
+
+
+def save(out: Path, record: dict) -> None:
+    (out / f"{SUMMARY}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / f"{SUMMARY}.md").write_text(render(record))
+
+
+def load_record(out: Path, order: list[str]) -> dict:
+    """The record of earlier runs into ``out`` (their steps kept), in step order."""
+    path = out / f"{SUMMARY}.json"
+    record = json.loads(path.read_text()) if path.exists() else {"steps": {}}
+    record["steps"] = {name: record["steps"][name] for name in order if name in record["steps"]}
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lra.bench gpu", description=__doc__.split("\n\n")[0])
+    names = list(plan(RESULTS, RESULTS))
+    parser.add_argument("--steps", default=",".join(names), help=f"comma-separated, in any order (run in this order): {','.join(names)}")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)")
+    parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.steps.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in names]
+    if unknown or not chosen:
+        parser.error(f"unknown step(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(names)}")
+    out = args.out.resolve()
+    train_dir = ROOT / "outputs" / "gpu_validation" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    steps = [step for name, step in plan(out, train_dir, args.timeout, args.pytest_filter).items() if name in chosen]
+    if args.dry_run:
+        for step in steps:
+            note = f"  # skipped: {step.skip_reason}" if step.skip_reason else ""
+            print(f"[{step.name}] {' '.join(f'{k}={v}' for k, v in step.env.items())} {' '.join(step.command)}{note}")
+        return 0
+    if not torch.cuda.is_available():
+        print("No CUDA GPU is visible (torch.cuda.is_available() is False): this command validates YOSO's CUDA kernels on a GPU.\n"
+              "On a CPU, `python -m yoso_cuda --check` and `pytest` check the CPU kernels; `--dry-run` shows the steps.")
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    record = load_record(out, names)
+    record["machine"] = machine()
+    print(f"GPU validation on {record['machine']['device']}, torch {torch.__version__}: steps {', '.join(s.name for s in steps)}", flush=True)
+    statuses = []
+    for step in steps:
+        log_path = out / SUMMARY / f"{step.name}.log"
+        if step.skip_reason:
+            status, duration, figures, log = "skipped", 0.0, [step.skip_reason], None
+        else:
+            print(f"[{step.name}] {' '.join(step.command)}", flush=True)
+            status, duration = run_step(step, log_path)
+            figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir)
+            status = "failed" if status == "passed" and not holds else status
+            log = str(log_path.relative_to(out))
+        result = StepResult(step.name, " ".join(step.command), status, round(duration, 1), figures, log,
+                            datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        statuses.append(status)
+        record["steps"][step.name] = asdict(result)
+        record["steps"] = {name: record["steps"][name] for name in names if name in record["steps"]}
+        save(out, record)  # after every step, so an interrupted run keeps what it measured
+        print(f"[{step.name}] {status} in {duration:.0f} s" + "".join(f"\n    {figure}" for figure in figures[:12]), flush=True)
+        if status in ("failed", "timeout"):
+            print("    last lines of the log:\n" + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:]))
+    print(f"wrote {out / (SUMMARY + '.md')}")
+    return 0 if all(status in ("passed", "skipped") for status in statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Measuring a block of work on a device: synchronising, and its peak memory above a baseline."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import re
+from pathlib import Path
+
+import torch
+
+M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class MemoryMeter:
+    """Peak memory of a block of work above a baseline: CUDA allocations, or the process's resident set.
+
+    On a CPU the resident set only shows what the allocator holds, so glibc is told to serve every
+    block of 1 MiB or more by ``mmap`` (returned to the OS on free; by default the threshold rises
+    with each such free and large blocks get recycled unseen) and to give back freed memory before
+    the baseline is read.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cpu":
+            _release_freed_cpu_memory()
+        self.baseline = self.current()
+
+    def current(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device) / 2**20
+        return proc_status_mb("VmRSS")
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:  # "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0)
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+    def peak_above_baseline(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.baseline
+        return proc_status_mb("VmHWM") - self.baseline
+
+
+def _glibc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: the resident set is read as it is
+        return None
+
+
+def _release_freed_cpu_memory() -> None:
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, 2**20)
+        libc.malloc_trim(0)
+
+
+def proc_status_mb(key: str) -> float:
+    return proc_value_mb(Path("/proc/self/status"), key)
+
+
+def proc_value_mb(path: Path, key: str) -> float:
+    """A ``<key>: <n> kB`` line of a /proc file, in MB; NaN where there is no /proc (not Linux)."""
+    try:
+        match = re.search(rf"^{key}:\s+(\d+) kB", path.read_text(), re.MULTILINE)
+    except OSError:
+        return math.nan
+    return int(match.group(1)) / 1024 if match else math.nan

@@ -1,0 +1,57 @@
+"""The run's Lightning loggers (``conf/logger/``)."""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any
+
+from pytorch_lightning.loggers import CSVLogger as LightningCSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.loggers.logger import rank_zero_experiment
+
+
+class ResumedExperimentWriter(ExperimentWriter):
+    """Lightning's metrics.csv writer that continues the file of an interrupted run.
+
+    Lightning deletes an existing metrics.csv when a writer opens it. This writer keeps its rows of
+    the steps before ``resume_step`` (the global step of the checkpoint the run resumes from) and
+    drops the later ones, which the resumed run logs again; new rows are appended after them.
+    """
+
+    def __init__(self, log_dir: str, resume_step: int) -> None:
+        self.resume_step = resume_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        if not os.path.isfile(self.metrics_file_path):
+            return
+        with open(self.metrics_file_path, newline="") as file:
+            reader = csv.DictReader(file)
+            keys = list(reader.fieldnames or [])
+            # A checkpoint at global step s follows the rows logged at steps < s (Lightning logs the
+            # evaluation after step s's update at step s - 1).
+            rows = [row for row in reader if int(float(row["step"])) < self.resume_step]
+        with open(self.metrics_file_path, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.metrics_keys = keys
+
+
+class CSVLogger(LightningCSVLogger):
+    """Lightning's CSVLogger; with ``resume_step`` it continues the metrics.csv of an interrupted run."""
+
+    def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            if self.resume_step is None:
+                return super().experiment
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = ResumedExperimentWriter(self.log_dir, self.resume_step)
+        return self._experiment

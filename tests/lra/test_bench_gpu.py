@@ -1,0 +1,148 @@
+"""``python -m lra.bench gpu``: what runs of it on a CPU (its plan, its refusal, its runner, its summary)."""
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from lra.bench import gpu
+
+STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train"]
+
+
+def test_the_plan_runs_every_step_in_order_and_a_dry_run_prints_it(tmp_path, capsys):
+    assert list(gpu.plan(tmp_path, tmp_path / "train")) == STEPS
+    assert gpu.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("]")[0].lstrip("[") for line in lines] == STEPS
+    assert "YOSO_KERNELS=require" in lines[0] and lines[0].endswith("-m yoso_cuda --check")
+    assert "-m pytest -q -p no:cacheprovider -m cuda tests/yoso_cuda" in lines[1]
+    assert "--tool memcheck --report-api-errors no --error-exitcode 1" in lines[2] and "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in lines[2]
+    assert f"--out {tmp_path}" in lines[4] and f"--out {tmp_path}" in lines[5]
+    assert "attention=" + ",".join(gpu.preset_names()) in lines[6] and "trainer=gpu" in lines[6]
+    for line in lines[2:4]:
+        assert ("# skipped: compute-sanitizer not found" in line) == (gpu.compute_sanitizer() is None)
+
+
+def test_steps_can_be_chosen_and_a_typo_is_a_clear_error(tmp_path, capsys):
+    assert gpu.main(["--dry-run", "--steps", "train,check", "-k", "matches", "--timeout", "60"]) == 0
+    assert [line.split("]")[0] for line in capsys.readouterr().out.splitlines()] == ["[check", "[train"]
+    plan = gpu.plan(tmp_path, tmp_path, timeout=60, pytest_filter="matches")
+    assert plan["memcheck"].command[-2:] == ["-k", "matches"] and plan["kernels"].timeout_s == 60
+    with pytest.raises(SystemExit):
+        gpu.main(["--steps", "check,sanitizer"])
+    assert "unknown step(s) sanitizer; choose from check,tests,memcheck" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_without_a_gpu_it_refuses_clearly():
+    process = subprocess.run([sys.executable, "-m", "lra.bench", "gpu"], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2
+    assert "No CUDA GPU is visible" in process.stdout and "--dry-run" in process.stdout
+
+
+def test_the_training_overrides_compose_with_every_preset():
+    with initialize_config_dir(config_dir=str(gpu.ROOT / "conf"), version_base=None):
+        for preset in gpu.preset_names():
+            cfg = compose("config", overrides=[f"attention={preset}", *gpu.TRAIN_OVERRIDES])
+            assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+            protocol = cfg.task.protocol
+            assert protocol.val_check_interval <= protocol.max_steps == 60 and protocol.warmup_steps >= 2
+            assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
+
+
+def test_a_step_that_fails_or_outlives_its_timeout_is_recorded_and_stopped(tmp_path):
+    failing = gpu.Step("failing", [sys.executable, "-c", "print('some output'); raise SystemExit(3)"], 60)
+    assert gpu.run_step(failing, tmp_path / "failing.log")[0] == "failed"
+    assert "some output" in (tmp_path / "failing.log").read_text()
+    sleeper = gpu.Step("sleeper", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"], 2)
+    start = time.monotonic()
+    status, duration = gpu.run_step(sleeper, tmp_path / "sleeper.log")
+    assert status == "timeout" and duration < 30 and time.monotonic() - start < 30
+    assert "stopped after the step's timeout of 2 s" in (tmp_path / "sleeper.log").read_text()
+
+
+CHECK_LOG = """cpu kernels: loaded (/x/yoso_kernels_cpu.so)
+cuda kernels: loaded (/x/yoso_kernels_cuda.so, archs 9.0 (the visible GPUs))
+cpu   lsh_cumulation                             PASS  max |error| 0.00e+00 over 12 comparisons
+cuda  lsh_cumulation                             PASS  max |error| 1.20e-07 over 12 comparisons
+cuda  lsh_collided_gradient                      FAIL  max |error| 3.00e-01 over 12 comparisons; float32, nq=7: beyond
+check FAILED in 4.0 s
+"""
+SANITIZER_LOG = """========= COMPUTE-SANITIZER
+........                                                                 [100%]
+49 passed, 3 skipped in 201.30s (0:03:21)
+========= ERROR SUMMARY: 0 errors
+"""
+
+
+def fake_outputs(out: Path, train_dir: Path) -> None:
+    rows = [
+        dict(method="softmax/flash", seq_len=65536, head_dim=64, dtype="bfloat16", time_ms=80.0, error=""),
+        dict(method="softmax/math", seq_len=65536, head_dim=64, dtype="bfloat16", time_ms="nan", error="out of memory"),
+        dict(method="yoso_32", seq_len=65536, head_dim=64, dtype="bfloat16", time_ms=25.5, error=""),
+        dict(method="yoso_32", seq_len=1024, head_dim=64, dtype="bfloat16", time_ms=1.5, error=""),
+    ]
+    with open(out / "kernels_cuda.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*rows[0], "pass"])
+        writer.writeheader()
+        writer.writerows({**row, "pass": "forward+backward"} for row in rows)
+    with open(out / "efficiency_cuda.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["attention", "seq_len", "batch", "time_ms", "memory_mb", "status"])
+        writer.writeheader()
+        writer.writerow(dict(attention="yoso_32", seq_len=8192, batch=32, time_ms=0.75, memory_mb=120.0, status="ok"))
+        writer.writerow(dict(attention="softmax", seq_len=8192, batch="", time_ms="nan", memory_mb="nan", status="out_of_memory"))
+        writer.writerow(dict(attention="softmax", seq_len=512, batch=512, time_ms=0.1, memory_mb=10.0, status="ok"))
+    for preset in gpu.preset_names():
+        run = train_dir / "listops" / preset / "trainer=gpu,task.protocol.max_steps=60"
+        run.mkdir(parents=True)
+        failed = preset == "reformer"
+        record = {"status": "failed" if failed else "finished", "attention": preset, "steps": 60, "test_acc": 0.25,
+                  "wall_time_s": 12.5, "peak_memory_mb": 300.0, "device": "NVIDIA H100", "error": "CUDA error" if failed else ""}
+        (run / "results.json").write_text(json.dumps(record))
+
+
+def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
+    out, train_dir = tmp_path / "results", tmp_path / "outputs"
+    out.mkdir()
+    fake_outputs(out, train_dir)
+    figures = {
+        "check": gpu.figures_for("check", CHECK_LOG, out, train_dir),
+        "memcheck": gpu.figures_for("memcheck", SANITIZER_LOG, out, train_dir),
+        "kernels": gpu.figures_for("kernels", "", out, train_dir),
+        "efficiency": gpu.figures_for("efficiency", "", out, train_dir),
+        "train": gpu.figures_for("train", "", out, train_dir),
+    }
+    assert figures["check"][0][0] == "2 PASS, 1 FAIL"
+    assert "cuda lsh_collided_gradient: FAIL (max |error| 3.00e-01 over 12 comparisons; float32, nq=7: beyond)" in figures["check"][0]
+    assert figures["memcheck"][0][:2] == ["ERROR SUMMARY: 0 errors", "pytest: 49 passed, 3 skipped in 201.30s (0:03:21)"]
+    assert "bfloat16 d=64 n=65536 forward+backward: yoso_32 25.50 ms, softmax/flash 80.00 ms" in figures["kernels"][0]
+    assert figures["efficiency"][0][:2] == [
+        "yoso_32 n=8192: 0.750 ms and 120.0 MB per instance (batch 32)", "softmax n=8192: out_of_memory"]
+    train_lines, every_preset_finished = figures["train"]
+    assert not every_preset_finished and "reformer: failed, 60 steps, test acc 0.25, 12.5 s, 300.0 MB, error: CUDA error" in train_lines
+    with open(out / "train_presets_cuda.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["attention_preset"] for row in rows] == gpu.preset_names()
+
+    record = gpu.load_record(out, STEPS)
+    record["machine"] = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "driver, GPU memory": "580.65, 81559 MiB"}
+    for name, status in (("train", "failed"), ("check", "failed"), ("kernels", "passed")):
+        result = gpu.StepResult(name, f"python -m {name}", status, 12.3, figures[name][0], f"gpu_validation_cuda/{name}.log", "now")
+        record["steps"][name] = result.__dict__
+    gpu.save(out, record)
+    summary = (out / "gpu_validation_cuda.md").read_text()
+    assert "| device | NVIDIA H100 80GB HBM3 |" in summary and "| driver, GPU memory | 580.65, 81559 MiB |" in summary
+    assert "| train | failed | 12 s | `python -m train` |" in summary
+    assert "## kernels: passed" in summary and "- bfloat16 d=64 n=65536 forward+backward: yoso_32 25.50 ms" in summary
+
+    # A later session running other steps keeps these, in step order.
+    reloaded = gpu.load_record(out, STEPS)
+    assert list(reloaded["steps"]) == ["check", "kernels", "train"]
+    assert reloaded["steps"]["kernels"]["figures"] == figures["kernels"][0]

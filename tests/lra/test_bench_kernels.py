@@ -1,0 +1,53 @@
+"""``python -m lra.bench``: its help, and the kernels benchmark on a tiny grid."""
+
+import argparse
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from lra.bench import __main__ as bench
+from lra.bench import kernels
+
+
+def test_help_describes_every_benchmark_and_exits_0():
+    process = subprocess.run([sys.executable, "-m", "lra.bench", "--help"], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    for name, module in bench.BENCHMARKS.items():
+        assert name in process.stdout
+        assert module.__doc__.split("\n")[0].split(":")[0].split()[0] in process.stdout
+
+
+def test_every_option_of_every_benchmark_has_help(monkeypatch):
+    parsers = {}
+
+    def capture(self, args=None, namespace=None):
+        parsers[self.prog] = self
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    for name in bench.BENCHMARKS:
+        with pytest.raises(SystemExit):
+            bench.BENCHMARKS[name].main([])
+    assert sorted(parsers) == sorted(f"python -m lra.bench {name}" for name in bench.BENCHMARKS)
+    for prog, parser in parsers.items():
+        missing = [action.dest for action in parser._actions if not action.help]
+        assert not missing, f"{prog}: no help for {missing}"
+
+
+def test_an_unknown_benchmark_is_an_error_naming_the_choices():
+    process = subprocess.run([sys.executable, "-m", "lra.bench", "kernel"], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2 and "choose from 'kernels', 'efficiency', 'approx'" in process.stderr
+
+
+def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path):
+    argv = ["kernels", "--device", "cpu", "--lengths", "512", "--head-dims", "16", "--dtypes", "float32",
+            "--repeats", "1", "--reference-max-length", "512", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    rows = pd.read_csv(tmp_path / "kernels_cpu.csv")
+    assert set(rows["method"]) == {"softmax/default", "yoso_32", "yoso_32/reference"}
+    assert rows["time_ms"].gt(0).all()
+    assert rows["peak_memory_mb"].map(math.isfinite).all() and rows["peak_memory_mb"].ge(0).all()
+    assert list(rows.columns) == kernels.FIELDS

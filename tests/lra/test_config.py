@@ -1,0 +1,81 @@
+"""The Hydra configuration without running anything: presets, protocol checks (fast, the compose API)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import attention_zoo
+from lra.train import check_protocol
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+PRESETS = sorted(path.stem for path in (CONF / "attention").glob("*.yaml"))
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def yaml_value(value):
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_lists_every_hyperparameter_so_each_can_be_overridden(preset):
+    """A preset is a table row's whole definition: every hyperparameter of its attention, so a changed
+    library default cannot change a row, and ``attention.hparams.<key>=...`` works without ``+``."""
+    cfg = composed(f"attention={preset}")
+    fields = [field.name for field in dataclasses.fields(attention_zoo.get_class(cfg.attention.name).Config)]
+    assert sorted(cfg.attention.hparams) == sorted(fields)
+    attention_zoo.make_config(cfg.attention.name, **OmegaConf.to_container(cfg.attention.hparams))
+    overrides = [f"attention.hparams.{key}={yaml_value(value)}" for key, value in cfg.attention.hparams.items()]
+    again = composed(f"attention={preset}", *overrides)
+    assert again.attention.hparams == cfg.attention.hparams
+
+
+def test_the_readme_override_of_softmax_dropout():
+    assert composed("attention.hparams.dropout=0.0").attention.hparams.dropout == 0.0
+
+
+def protocol(**changes):
+    cfg = composed("task.protocol.name=test")  # the smoke protocol: 400 steps, warmup 40, evaluation every 50
+    for key, value in changes.items():
+        cfg.task.protocol[key] = value
+    return cfg.task.protocol
+
+
+def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit():
+    short = protocol(max_steps=20)
+    adjusted = check_protocol(short)
+    assert (short.warmup_steps, short.val_check_interval) == (2, 20)
+    assert {key: (change["from"], change["to"]) for key, change in adjusted.items()} == {
+        "warmup_steps": (40, 2), "val_check_interval": (50, 20)
+    }
+    tiny = protocol(max_steps=10)
+    check_protocol(tiny)
+    assert tiny.warmup_steps == 0, "a warmup of one step is not a schedule OneCycleLR can run"
+    assert check_protocol(protocol()) == {}, "a protocol that fits is left alone"
+
+
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        (dict(max_steps="ten"), TypeError, "task.protocol.max_steps must be int, got 'ten'"),
+        (dict(lr=True), TypeError, "task.protocol.lr must be float"),
+        (dict(batch_size=0), ValueError, "task.protocol.batch_size must be at least 1"),
+        (dict(warmup_steps=1), ValueError, "0 or at least 2"),
+        (dict(lr=-1.0), ValueError, "lr > 0"),
+    ],
+)
+def test_a_bad_protocol_names_the_field(changes, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_protocol(protocol(**changes))
+
+
+def test_an_unknown_protocol_field_is_an_error_not_ignored():
+    cfg = composed("+task.protocol.max_step=20")
+    with pytest.raises(ValueError, match=r"unknown task.protocol field\(s\) \['max_step'\]"):
+        check_protocol(cfg.task.protocol)

@@ -1,0 +1,167 @@
+"""Every command in the README's ```bash blocks runs, so the README cannot drift from the code.
+
+The README is read at test time, so a command added later is covered too. Each command (a line of
+a bash block, continuation lines joined, comments dropped, ``&&`` chains split) is matched by the
+first rule in RULES, which says how it runs here:
+
+* ``run``: as written, in one scratch folder shared by the commands in README order (so
+  ``lra.table --collect`` finds the runs made before it), optionally with a tiny form: text
+  substitutions, then options or overrides appended (a later Hydra override or argparse option wins);
+* a multirun sweep (``lra.train -m``) runs once with ``-m`` dropped, every comma list cut to its
+  first value and ``--cfg job`` appended (Hydra cannot combine ``-m`` and ``--cfg``), and every
+  value of every list is composed with Hydra's compose API;
+* ``not run``: skipped with the reason, which pytest reports (``-rs``): nothing is left out silently.
+
+A command that no rule matches fails ``test_every_readme_command_has_a_rule``: add a rule for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "lra"))
+from conftest import TINY  # noqa: E402  (the tiny ListOps the lra tests train on)
+
+TINY_DATA = [o for o in TINY if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps",
+                                                  "task.protocol.val_check_interval"))]
+CFG_JOB = ("--cfg", "job")
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str  # a regular expression searched in the command
+    append: tuple[str, ...] = ()  # options or overrides appended to the command
+    substitute: tuple[tuple[str, str], ...] = ()  # (old, new) text replacements, before appending
+    not_run: str = ""  # the reason a command is not run here
+    why: str = ""  # why the command runs in this form rather than as written
+
+
+RULES = [
+    Rule(r"^pip install", not_run="installs packages from the network; .ci/run installs the project in a fresh environment"),
+    Rule(r"^pytest", not_run="the test suite itself, which this test is part of"),
+    Rule(r"^CUDA_HOME=", not_run="compiles the CUDA kernels (minutes); .ci/run does it where nvcc is installed"),
+    Rule(r"^python -m lra\.train$", append=tuple(TINY), why="the quick start on the tiny ListOps"),
+    Rule(r"^python -m lra\.train task\.protocol\.max_steps=\d+$", append=tuple(TINY_DATA),
+         why="the shortened run on the tiny ListOps, its protocol as written"),
+    Rule(r"^python -m lra\.train .*--cfg", why="composes the config only"),
+    Rule(r"^python -m lra\.train -m ", append=CFG_JOB, why="a sweep: its first cell's config, every value composed"),
+    Rule(r"^python -m lra\.train\b", append=CFG_JOB,
+         why="trains for minutes to days or needs a GPU or official data: its config only"),
+    Rule(r"^python -m lra\.data generate listops", append=("--num-train", "20", "--num-val", "5", "--num-test", "5",
+                                                          "--min-length", "5", "--max-length", "40"),
+         why="a tiny ListOps"),
+    Rule(r"^python -m lra\.data generate pathfinder", substitute=(("--num-samples 200000", "--num-samples 20"),),
+         why="20 images"),
+    Rule(r"^python -m lra\.data prepare pathfinder --source data/pathfinder32$", why="prepares the 20 generated images"),
+    Rule(r"^python -m lra\.data info", why="lists what the commands before it prepared"),
+    Rule(r"^python -m lra\.data \w+", append=("--help",), why="needs the official files or the network: its help"),
+    Rule(r"^python -m lra\.table", why="the table of the runs made before it"),
+    Rule(r"^python -m lra\.bench kernels", append=("--lengths", "256", "--head-dims", "16", "--dtypes", "float32",
+                                                  "--repeats", "1", "--reference-max-length", "256", "--out", "bench"),
+         why="one small length"),
+    Rule(r"^python -m lra\.bench efficiency", append=("--lengths", "64", "--attentions", "softmax", "yoso_32",
+                                                     "--repeats", "1", "--quiet", "--out", "bench"),
+         why="two attentions at one small length"),
+    Rule(r"^python -m lra\.bench approx --run .*<run>", append=("--help",),
+         why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help"),
+    Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
+    Rule(r"^python -m lra\.bench", why="as written"),
+    Rule(r"^python -m yoso_cuda$", why="loads the kernels built before the tests (.ci/run builds them)"),
+    Rule(r"^python -m yoso_cuda --check$", why="every compiled op against the reference on this machine's devices"),
+    Rule(r"^python -m yoso_cuda\.emulator\.mutants", append=("--help",),
+         why="builds and tests 7 mutated copies of the CUDA kernels (about 10 minutes): its help"),
+    Rule(r"^python -c ", why="as written"),
+]
+
+
+def readme_commands(readme: Path = REPO / "README.md") -> list[str]:
+    """Every command of the README's bash blocks, in order."""
+    commands = []
+    for body in re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()  # a trailing comment: "  # what it does"
+            if line and not line.startswith("#"):
+                commands += [part.strip() for part in line.split("&&")]
+    return [re.sub(r"\s+", " ", command) for command in commands]
+
+
+def rule_for(command: str) -> Rule | None:
+    return next((rule for rule in RULES if re.search(rule.pattern, command)), None)
+
+
+COMMANDS = readme_commands()
+
+
+def test_every_readme_command_has_a_rule():
+    assert COMMANDS, "no bash blocks found in README.md"
+    unmatched = [command for command in COMMANDS if rule_for(command) is None]
+    assert not unmatched, f"add a rule to tests/test_readme.py for: {unmatched}"
+
+
+def sweep_lists(args: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The overrides of a multirun with its comma lists cut to their first value, and the sets of
+    overrides (zip of the lists, the last value repeated) that together use every value once."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [arg for arg in args if arg != "-m"]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+              else [o.input_line] for o in parsed]
+    first = [options[0] for options in values]
+    longest = max(len(options) for options in values)
+    every = [[options[min(i, len(options) - 1)] for options in values] for i in range(longest)]
+    return first, every
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("readme")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command(command, workspace):
+    rule = rule_for(command)
+    assert rule is not None, f"no rule for {command!r}"
+    if rule.not_run:
+        pytest.skip(f"not run: {rule.not_run}")
+    for old, new in rule.substitute:
+        assert old in command, f"the rule for {command!r} substitutes {old!r}, which the command no longer has"
+        command = command.replace(old, new)
+    args = shlex.split(command)
+    if args[:3] == ["python", "-m", "lra.train"] and "-m" in args[3:]:
+        first, every = sweep_lists(args[3:])
+        for overrides in every:
+            compose_config(overrides)
+        args = args[:3] + first
+    args += rule.append
+    args[0] = sys.executable if args[0] == "python" else args[0]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LRA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    process = subprocess.run(args, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, f"{command} ({rule.why}) failed:\n{process.stdout[-2000:]}\n{process.stderr[-3000:]}"
+
+
+def compose_config(overrides: list[str]) -> None:
+    """Compose ``overrides`` as ``python -m lra.train`` would, hydra's own settings included."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def test_sweep_lists_cover_every_value():
+    first, every = sweep_lists(["-m", "task=listops,pathfinder", "attention=softmax,yoso_32", "seed=0,1,2", "trainer=gpu"])
+    assert first == ["task=listops", "attention=softmax", "seed=0", "trainer=gpu"]
+    assert every == [["task=listops", "attention=softmax", "seed=0", "trainer=gpu"],
+                     ["task=pathfinder", "attention=yoso_32", "seed=1", "trainer=gpu"],
+                     ["task=pathfinder", "attention=yoso_32", "seed=2", "trainer=gpu"]]

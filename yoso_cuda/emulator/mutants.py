@@ -1,0 +1,156 @@
+"""Inject plausible bugs into a copy of the CUDA kernels and show that the emulated test suite fails on each.
+
+``python -m yoso_cuda.emulator.mutants [--only NAME ...] [--out FILE]`` writes each mutant's copy of
+``csrc/cuda/yoso_cuda.cu`` into a temporary folder, runs ``tests/yoso_cuda/test_emulated_cuda.py``
+against it (``YOSO_EMULATOR_SOURCE``), and, if that passes, the same tests on the sanitized build.
+A mutant is caught when a run fails; the table says which test failed first and why. The copies
+live in torch's extensions folder (``yoso_mutants/``), so a second run reuses their builds. Each
+mutation replaces one exact snippet of the source, so a change to the kernels that removes the
+snippet fails here loudly rather than testing nothing. Exit status 1 if any mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.utils import cpp_extension
+
+from . import CUDA_SOURCE, sanitizer_preload
+
+TESTS = Path(__file__).resolve().parents[2] / "tests" / "yoso_cuda" / "test_emulated_cuda.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    original: str
+    mutated: str
+
+
+MUTANTS = [
+    Mutant(
+        "missing_barrier",
+        "heavy_bucket_tables_kernel stages the next 256 key indices without waiting until every thread has read the previous ones",
+        "      __syncthreads();  // the previous batch of staged indices is consumed\n",
+        "",
+    ),
+    Mutant(
+        "missing_barrier_between_rotations",
+        "hash_codes_kernel starts the next rotation while other threads still read the bits of this one",
+        "    __syncthreads();  // the next rotation overwrites x\n",
+        "",
+    ),
+    Mutant(
+        "off_by_one_read",
+        "weighted_query_kernel enumerates one key past the end of a light bucket",
+        "        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {\n          const int count = static_cast<int>(min64(kWarp, hi - pos0));\n"
+        "          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;\n          for (int t = 0; t < count; ++t) {\n"
+        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n            const scalar_t* kw = batch_weights + j * width;",
+        "        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {\n          const int count = static_cast<int>(min64(kWarp, hi + 1 - pos0));\n"
+        "          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;\n          for (int t = 0; t < count; ++t) {\n"
+        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n            const scalar_t* kw = batch_weights + j * width;",
+    ),
+    Mutant(
+        "divergent_shuffle",
+        "weighted_query_kernel's warp reduction of the pair weight runs only on the lanes that loaded a key",
+        "            dot = warp_sum(dot);\n",
+        "            if (lane < count) dot = warp_sum(dot);\n",
+    ),
+    Mutant(
+        "short_sort_end_bit",
+        "the radix sort's end_bit leaves out the highest bit of the segment numbers",
+        "  const int end_bit = hash_bits + 1 + bit_width(",
+        "  const int end_bit = hash_bits + bit_width(",
+    ),
+    Mutant(
+        "oversized_block",
+        "blocks of 64 warps (2048 threads)",
+        "constexpr int kWarpsPerBlock = 8;",
+        "constexpr int kWarpsPerBlock = 64;",
+    ),
+    Mutant(
+        "lost_chunk_sums",
+        "cumulation_query_kernel starts each chunk of hashes from zero instead of the sums of the earlier chunks",
+        "      acc[k] = column < channels ? out_row[column] : 0.0f;\n    }\n    for (int hl = 0; hl < hc; ++hl) {\n"
+        "      const int64_t segment = b * hc + hl;\n      const int64_t base = segment * num_keys;\n"
+        "      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);\n"
+        "      int64_t lo, hi;\n      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {\n        continue;\n      }\n#pragma unroll",
+        "      acc[k] = 0.0f;\n    }\n    for (int hl = 0; hl < hc; ++hl) {\n"
+        "      const int64_t segment = b * hc + hl;\n      const int64_t base = segment * num_keys;\n"
+        "      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);\n"
+        "      int64_t lo, hi;\n      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {\n        continue;\n      }\n#pragma unroll",
+    ),
+]
+
+
+def mutate(source: str, mutant: Mutant) -> str:
+    found = source.count(mutant.original)
+    if found != 1:
+        raise SystemExit(f"mutant {mutant.name}: its snippet occurs {found} times in {CUDA_SOURCE} (expected once): update MUTANTS")
+    return source.replace(mutant.original, mutant.mutated)
+
+
+def run_suite(source: Path, sanitize: bool) -> tuple[bool, str, float]:
+    """(caught, first failure, seconds) of the emulated suite against ``source``."""
+    env = {**os.environ, "YOSO_EMULATOR_SOURCE": str(source)}
+    if sanitize:
+        env.update(YOSO_EMULATOR_SANITIZE="1", LD_PRELOAD=sanitizer_preload(), ASAN_OPTIONS="detect_leaks=0:abort_on_error=1")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", str(TESTS), "-k", "not sanitized_build"]
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode == 0:
+        return False, "", seconds
+    output = result.stdout + result.stderr
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    reason = re.search(r"^E\s+(.+)$", output, re.M) or re.search(r"(AddressSanitizer: [^\n]+|runtime error: [^\n]+)", output)
+    test = failed.group(1).split("::", 1)[-1] if failed else "(the run crashed)"
+    return True, f"{test}: {reason.group(1).strip()[:500] if reason else output.strip().splitlines()[-1][:500]}", seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=[m.name for m in MUTANTS], help="run only these mutants")
+    parser.add_argument("--out", type=Path, help="also write the table (Markdown) to this file")
+    args = parser.parse_args(argv)
+    source = CUDA_SOURCE.read_text()
+    rows = ["| mutant | bug | caught by | first failure | seconds |", "| --- | --- | --- | --- | --- |"]
+    survivors = []
+    folder = Path(cpp_extension.get_default_build_root()) / "yoso_mutants"
+    for mutant in MUTANTS:
+        if args.only and mutant.name not in args.only:
+            continue
+        path = folder / mutant.name / CUDA_SOURCE.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = mutate(source, mutant)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        caught_by, failure, seconds = "nothing", "", 0.0
+        for sanitize in (False, True):
+            caught, failure, elapsed = run_suite(path, sanitize)
+            seconds += elapsed
+            if caught:
+                caught_by = "sanitized suite" if sanitize else "emulated suite"
+                break
+        if caught_by == "nothing":
+            survivors.append(mutant.name)
+        row = f"| `{mutant.name}` | {mutant.bug} | {caught_by} | {failure.replace('|', '/')} | {seconds:.0f} |"
+        rows.append(row)
+        print(row, flush=True)
+    table = "\n".join(rows)
+    if args.out:
+        args.out.write_text(table + "\n")
+    print(f"\n{len(rows) - 2 - len(survivors)} of {len(rows) - 2} mutants caught" + (f"; survived: {', '.join(survivors)}" if survivors else ""))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
