@@ -25,7 +25,7 @@ Choices, and where they differ from the originals:
   layer, shared by all heads (fairseq projects the layer input before splitting heads). That is the
   default here. ``share_kv`` is the paper's *key-value* sharing (F = E); ``share_heads=False`` gives
   every head its own projection, the paper's unshared form.
-- The Nystromformer/YOSO LRA tables (``conf/attention/linformer.yaml``) ran Linformer with one
+- The Nystromformer/YOSO LRA tables (the preset ``linformer_lra``) ran Linformer with one
   (heads, k, N) tensor used for both K and V (``share_heads=False, share_kv=True``), N(0, 0.02) init
   (``init="normal"``), no attention dropout, and shared across *all layers* as a class attribute.
   Layerwise sharing cannot be expressed by a per-module registry (each built module owns its
@@ -53,8 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_inputs, zero_masked_queries
-from .registry import Attention, register
+from .registry import Attention, register, register_preset
 
 
 @dataclass
@@ -77,6 +76,7 @@ class LinformerConfig:
 @register("linformer")
 class LinformerAttention(Attention):
     Config = LinformerConfig
+    float32 = True  # the sums over n of the projections and the softmax over k
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: LinformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
@@ -93,24 +93,33 @@ class LinformerAttention(Attention):
         bound = math.sqrt(6.0 / (self.proj_len + self.seq_len)) / math.sqrt(2.0)
         return nn.init.uniform_(weight, -bound, bound)
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         n = q.shape[2]
         if n > self.seq_len:
             raise ValueError(
                 f"sequence length {n} exceeds seq_len={self.seq_len}, the length the Linformer projections "
                 f"were built for; build the attention with seq_len >= {n}"
             )
-        dtype = q.dtype
-        q, k, v = q.float(), k.float(), v.float()
         if mask is not None:
             padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
             k = k.masked_fill(padded, 0.0)
             v = v.masked_fill(padded, 0.0)
-        key_proj = self.E[..., :n].float()  # (h or 1, k, n)
-        value_proj = key_proj if self.F is None else self.F[..., :n].float()  # (h or 1, k, n)
+        key_proj = self.E[..., :n].to(k.dtype)  # (h or 1, k, n)
+        value_proj = key_proj if self.F is None else self.F[..., :n].to(v.dtype)  # (h or 1, k, n)
         k = torch.einsum("hkn,bhnd->bhkd", key_proj, k)  # (b, h, k, d)
         v = torch.einsum("hkn,bhnd->bhkd", value_proj, v)  # (b, h, k, d)
         dropout = self.config.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (b, h, n, d)
-        return zero_masked_queries(out, mask).to(dtype)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (b, h, n, d)
+
+
+register_preset(
+    "linformer_lra",
+    "linformer",
+    "k = 256 as the Nystromformer/YOSO LRA tables ran it: one per-head projection for K and V, N(0, 0.02), no "
+    "attention dropout (layerwise sharing not reproduced)",
+    k=256,
+    share_heads=False,
+    share_kv=True,
+    init="normal",
+    dropout=0.0,
+)

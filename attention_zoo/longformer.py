@@ -61,8 +61,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_inputs, zero_masked_queries
-from .registry import Attention, register
+from .registry import Attention, register, register_preset
 
 _MASKED = torch.finfo(torch.float32).min  # finite, so a row with no real key stays NaN-free
 
@@ -88,12 +87,11 @@ class LongformerConfig:
 @register("longformer")
 class LongformerAttention(Attention):
     Config = LongformerConfig
+    float32 = True  # the softmax and everything around it, as HF's softmax(..., dtype=float32)
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         batch, heads, n, head_dim = q.shape
-        dtype = q.dtype
-        q, k, v = q.float() / math.sqrt(head_dim), k.float(), v.float()
+        q = q / math.sqrt(head_dim)
         real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask  # (b, n)
         num_global = min(self.config.num_global_tokens, n)
         dropout = self.config.dropout if self.training else 0.0
@@ -138,4 +136,15 @@ class LongformerAttention(Attention):
             row_probs = F.dropout(row_scores.softmax(dim=-1), dropout)  # (b, h, g, n)
             out = torch.cat([row_probs @ v, out[:, :, num_global:]], dim=2)  # (b, h, n, dv)
 
-        return zero_masked_queries(out, mask).to(dtype)  # step 6 (the crop happened above)
+        return out  # step 6, zeroing the padded query rows, is Attention.forward's (the crop happened above)
+
+
+register_preset(
+    "longformer_lra",
+    "longformer",
+    "the YOSO paper's Table 3 row: a 512-token window, the first token global (the authors' first_token_view), "
+    "tied global projections",
+    window=512,
+    num_global_tokens=1,
+    dropout=0.1,
+)

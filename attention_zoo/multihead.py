@@ -16,11 +16,13 @@ class MultiHeadAttention(nn.Module):
     Args:
         dim: model width of ``x``.
         num_heads: number of heads.
-        attention: registered name of the core attention (see ``attention_zoo.available()``).
+        attention: registered name of the core attention or of a preset (``attention_zoo.available()``,
+            ``attention_zoo.presets()``).
         seq_len: the longest sequence the module will see (some attentions size parameters by it).
         head_dim: width of one head; ``dim // num_heads`` when omitted.
-        attention_in_fp32: run the core attention in float32 even under autocast, as the YOSO and
-            Nystromformer LRA code does (the projections still run in the autocast dtype).
+        attention_in_fp32: run every core attention in float32, also under autocast, as the YOSO and
+            Nystromformer LRA code does (the projections still run in the autocast dtype); when
+            False, only attentions whose arithmetic needs it do (``Attention.float32``).
         **hparams: the core attention's own hyperparameters.
     """
 
@@ -42,8 +44,8 @@ class MultiHeadAttention(nn.Module):
             head_dim = dim // num_heads
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.attention_in_fp32 = attention_in_fp32
         self.attention = build(attention, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, **hparams)
+        self.attention.in_float32 = self.attention.in_float32 or attention_in_fp32
         inner = num_heads * head_dim
         self.query = nn.Linear(dim, inner)
         # Reformer-style attentions share one projection for queries and keys.
@@ -62,11 +64,7 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.query(x))  # (b, h, n, d)
         k = q if self.key is None else self.split_heads(self.key(x))  # (b, h, n, d)
         v = self.split_heads(self.value(x))  # (b, h, n, d)
-        if self.attention_in_fp32 and torch.is_autocast_enabled(x.device.type):
-            with torch.autocast(x.device.type, enabled=False):
-                out = self.attention(q.float(), k.float(), v.float(), mask)
-        else:
-            out = self.attention(q, k, v, mask)
+        out = self.attention(q, k, v, mask)  # (b, h, n, d), in the dtype of v
         batch, _, seq, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)  # (b, n, h*d)
         return self.output(out)

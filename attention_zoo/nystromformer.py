@@ -55,11 +55,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from ._checks import check_inputs, zero_masked_queries
-from .registry import Attention, register
+from ._conv import SequenceConv
+from .registry import Attention, register, register_preset
 
 
 @dataclass
@@ -96,9 +94,7 @@ def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
     return torch.cat([long_means, short_means], dim=-2)  # (..., m, d)
 
 
-def iterative_pinv(
-    a: torch.Tensor, iterations: int = 6, init: Literal["per_matrix", "batch_max"] = "per_matrix"
-) -> torch.Tensor:
+def iterative_pinv(a: torch.Tensor, iterations: int = 6, init: Literal["per_matrix", "batch_max"] = "per_matrix") -> torch.Tensor:
     """Approximate the Moore-Penrose pseudo-inverse of each square matrix in ``a`` (..., m, m).
 
     Z_0 = A^T / (||A||_1 ||A||_inf) puts every nonzero singular value of A Z_0 in (0, 1], from where
@@ -133,25 +129,14 @@ def softmax_kernel(queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Te
 @register("nystromformer")
 class NystromformerAttention(Attention):
     Config = NystromformerConfig
+    float32 = True  # softmax kernels and the iterated pseudo-inverse
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: NystromformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
         size = config.conv_kernel_size
-        # Conv2d over (seq, head_dim) with a (size, 1) kernel and groups = heads: one kernel per
-        # head along the sequence, shared by the head's channels (the authors' layer).
-        self.conv = (
-            None
-            if size is None
-            else nn.Conv2d(num_heads, num_heads, (size, 1), padding=(size // 2, 0), groups=num_heads, bias=False)
-        )
+        self.conv = None if size is None else SequenceConv(num_heads, size)
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
-        with torch.autocast(q.device.type, enabled=False):
-            out = self._attend(q.float(), k.float(), v.float(), mask)  # (b, h, n, d)
-        return zero_masked_queries(out, mask).to(v.dtype)
-
-    def _attend(self, q, k, v, mask):
+    def attend(self, q, k, v, mask):
         n, d = q.shape[-2:]
         if mask is not None:
             padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
@@ -169,6 +154,16 @@ class NystromformerAttention(Attention):
             a_pinv = iterative_pinv(a, self.config.pinv_iterations, self.config.pinv_init)  # (b, h, m, m)
             out = f @ (a_pinv @ (b @ v))  # (b, h, n, d)
         if self.conv is not None:
-            # float32 weights whatever dtype the module was cast to, like the rest of the math
-            out = out + F.conv2d(v, self.conv.weight.float(), padding=self.conv.padding, groups=self.num_heads)
+            out = out + self.conv(v)  # (b, h, n, d)
         return out
+
+
+register_preset(
+    "nystromformer_lra",
+    "nystromformer",
+    "as in the YOSO paper's Table 3: 64 landmarks, a 33-tap convolution of V, the LRA code's batch-wide pinv start",
+    num_landmarks=64,
+    pinv_iterations=6,
+    pinv_init="batch_max",
+    conv_kernel_size=33,
+)

@@ -56,8 +56,8 @@ Choices where the sources differ or are silent:
   uses 1e-4). The stabiliser's max is differentiated through, as in the authors' JAX code (lucidrains
   detaches it); it matters only through eps.
 
-The Nystromformer/YOSO LRA tables (the YOSO paper's Table 3 row "performer", conf/attention/
-performer.yaml) ran lucidrains' ``FastAttention(nb_features=256)``: the FAVOR+ softmax kernel
+The Nystromformer/YOSO LRA tables (the YOSO paper's Table 3 row "performer", the preset
+``performer_lra``) ran lucidrains' ``FastAttention(nb_features=256)``: the FAVOR+ softmax kernel
 despite its "relu" label, with features drawn once and never redrawn (``redraw_interval=None``),
 q and k pre-scaled by d^-1/4 before FAVOR+ scales them again, an effective kernel exp(q.k / d)
 (``double_qk_scaling=True``), and eps = 1e-4. That wrapper also zeroed padded keys instead of
@@ -72,8 +72,7 @@ from typing import Literal
 
 import torch
 
-from ._checks import check_inputs, zero_masked_queries
-from .registry import Attention, register
+from .registry import Attention, register, register_preset
 
 
 @dataclass
@@ -139,6 +138,7 @@ def positive_random_features(
 @register("performer")
 class PerformerAttention(Attention):
     Config = PerformerConfig
+    float32 = True  # the exponentials and the two sums over n
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: PerformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
@@ -165,24 +165,20 @@ class PerformerAttention(Attention):
     def set_extra_state(self, state: dict[str, int]) -> None:
         self.calls_since_redraw = state["calls_since_redraw"]
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         interval = self.config.redraw_interval
         if self.training and interval is not None:
             if self.calls_since_redraw >= interval:
                 self.redraw_features()
             self.calls_since_redraw += 1
-        # The exponentials and the two sums over n need float32, also under autocast.
-        with torch.autocast(q.device.type, enabled=False):
-            out = self.favor(q.float(), k.float(), v.float(), mask)
-        return zero_masked_queries(out.to(v.dtype), mask)
+        return self.favor(q, k, v, mask)
 
     def favor(self, q, k, v, mask):
-        """Float32 FAVOR+ on (b, h, n, d) inputs; padded keys never contribute."""
+        """FAVOR+ on (b, h, n, d) inputs (float32: :meth:`Attention.forward` casts them); padded keys never contribute."""
         eps = self.config.eps
         scale = self.head_dim ** (-0.5 if self.config.double_qk_scaling else -0.25)
         key_mask = None if mask is None else mask[:, None, :, None]  # (b, 1, n, 1)
-        w = self.projection  # (m, d)
+        w = self.projection.to(q.dtype)  # (m, d), float32 also in a model cast to a lower precision
         phi_q = positive_random_features(q * scale, w, is_query=True, eps=eps)  # (b, h, n, m)
         phi_k = positive_random_features(k * scale, w, is_query=False, eps=eps, mask=key_mask)  # (b, h, n, m)
         kv = phi_k.transpose(-2, -1) @ v  # (b, h, m, d): phi(K)^T V
@@ -191,3 +187,16 @@ class PerformerAttention(Attention):
         denominator = phi_q @ key_sum  # (b, h, n, 1)
         denominator = denominator + 2 * eps * (denominator.abs() <= eps)  # the authors' guard against 0 / 0
         return numerator / denominator
+
+
+register_preset(
+    "performer_lra",
+    "performer",
+    "the YOSO paper's Table 3 row (the Nystromformer/YOSO LRA code): the FAVOR+ softmax kernel, 256 features "
+    "drawn once, q and k scaled by d^-1/4 twice, lucidrains' eps",
+    num_features=256,
+    feature_norms="chi",
+    redraw_interval=None,
+    double_qk_scaling=True,
+    eps=1e-4,
+)

@@ -56,7 +56,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_inputs, zero_masked_queries
 from .registry import Attention, register
 
 SELF_SCORE = -1e5  # a token's score with itself: lower than any real score, higher than padding
@@ -113,20 +112,19 @@ def look_one_back(x: torch.Tensor) -> torch.Tensor:
 class ReformerAttention(Attention):
     Config = ReformerConfig
     tie_query_key = True  # the shared-QK projection; the keys are the normalised queries
+    float32 = True  # scores near -1e5 and the log-sum-exp over rounds
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: ReformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
         self.num_buckets = config.num_buckets or auto_num_buckets(seq_len, config.chunk_length)
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         batch, heads, n, dim = q.shape
-        dtype = v.dtype
         chunk, rounds = self.config.chunk_length, self.config.num_hashes
         padded = -(-n // chunk) * chunk
         real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask
         real = F.pad(real, (0, padded - n), value=False)  # (b, n_pad)
-        q, k, v = (F.pad(t.float(), (0, 0, 0, padded - n)) for t in (q, k, v))  # (b, h, n_pad, d)
+        q, k, v = (F.pad(t, (0, 0, 0, padded - n)) for t in (q, k, v))  # (b, h, n_pad, d)
 
         # Hash and sort: the rotations come from the global RNG and padding always takes the last bucket.
         rotations = torch.randn(heads, dim, rounds, self.num_buckets // 2, device=q.device)
@@ -159,4 +157,4 @@ class ReformerAttention(Attention):
         out = out.view(batch, heads, rounds, padded, value_dim).gather(3, unsort[..., None].expand(-1, -1, -1, -1, value_dim))
         lse = lse.view(batch, heads, rounds, padded).gather(3, unsort)  # (b, h, r, n_pad)
         out = (lse.softmax(dim=2)[..., None] * out).sum(dim=2)  # (b, h, n_pad, dv)
-        return zero_masked_queries(out[:, :, :n].to(dtype), mask)
+        return out[:, :, :n]

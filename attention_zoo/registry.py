@@ -1,4 +1,4 @@
-"""The attention registry: one decorator to register, one function to build.
+"""The attention registry: one decorator to register an attention, one call to name a preset, one function to build.
 
 Every attention is an ``nn.Module`` subclass of :class:`Attention` with a ``Config`` dataclass that
 holds its hyperparameters and their paper defaults::
@@ -11,9 +11,17 @@ holds its hyperparameters and their paper defaults::
     class MyAttention(Attention):
         Config = MyConfig
 
-        def forward(self, q, k, v, mask=None): ...
+        def attend(self, q, k, v, mask): ...
 
-    attn = build("my_attention", seq_len=1024, num_heads=2, head_dim=32, rank=32)
+    register_preset("my_attention_32", "my_attention", "rank 32, as some paper's table ran it", rank=32)
+
+    attn = build("my_attention", seq_len=1024, num_heads=2, head_dim=32, rank=16)
+    attn = build("my_attention_32", seq_len=1024, num_heads=2, head_dim=32)
+
+A preset is a named setting of a registered attention (a row of a paper's table), like timm's model
+variants: ``build``, ``make_config`` and ``describe`` take a preset's name wherever they take an
+attention's, with the preset's values in place of the defaults (keyword arguments still override
+them). Names are unique across attentions and presets.
 
 ``build`` checks every hyperparameter against the dataclass: an unknown key or a value of the wrong
 type is a ``ValueError``/``TypeError`` that lists the valid keys with their defaults. Unlike a
@@ -31,7 +39,10 @@ from typing import Any, ClassVar, Literal, Union
 import torch
 from torch import nn
 
+from ._checks import check_inputs, zero_masked_queries
+
 _REGISTRY: dict[str, type[Attention]] = {}
+_PRESETS: dict[str, Preset] = {}
 
 
 @dataclasses.dataclass
@@ -48,14 +59,25 @@ class Attention(nn.Module):
     the same shape as ``v``. Contract: masked keys never contribute, masked query rows come out as
     zeros, any ``seq >= 1`` works, and float32/float16/bfloat16 inputs give outputs of that dtype.
 
-    Subclasses set ``Config`` and may set ``tie_query_key = True`` when the algorithm needs the
-    query and key projections shared (Reformer); :class:`MultiHeadAttention` reads it. An attention
-    whose memory grows quadratically with the sequence (exact softmax) sets ``linear_memory = False``
-    (on the instance where it depends on the config); every other attention is held to linear memory
-    by ``tests/attention_zoo/test_memory.py``.
+    Subclasses implement :meth:`attend`; :meth:`forward` checks the inputs, applies the float32
+    policy and zeroes the masked query rows, so no attention repeats those rules. Class attributes:
+
+    * ``Config``: the dataclass of hyperparameters;
+    * ``float32 = True`` when the algorithm's arithmetic needs float32 (exponentials of large
+      scores, an iterated pseudo-inverse, hashing by angle): it then runs in float32 whatever the
+      input dtype and any autocast, and its output is cast back to the input dtype. An instance's
+      ``in_float32`` starts as the class's choice; :class:`MultiHeadAttention` sets it for every
+      attention when asked to (``attention_in_fp32``, as the YOSO and Nystromformer LRA code runs
+      attention);
+    * ``tie_query_key = True`` when the algorithm needs the query and key projections shared
+      (Reformer); :class:`MultiHeadAttention` reads it;
+    * ``linear_memory = False`` for an attention whose memory grows quadratically with the sequence
+      (exact softmax; on the instance where it depends on the config); every other attention is
+      held to linear memory by ``tests/attention_zoo/test_memory.py``.
     """
 
     Config: ClassVar[type] = NoHyperparameters
+    float32: ClassVar[bool] = False
     tie_query_key: ClassVar[bool] = False
     linear_memory: ClassVar[bool] = True
     name: ClassVar[str]
@@ -66,17 +88,36 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.config = config
+        self.in_float32 = self.float32
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 policy, in one place: cast to float32, autocast off, cast back; then masked rows are zeroed."""
+        check_inputs(q, k, v, mask)
+        if self.in_float32:
+            # .float() alone is not enough: under autocast the products would still run in bfloat16.
+            with torch.autocast(q.device.type, enabled=False):
+                out = self.attend(q.float(), k.float(), v.float(), mask).to(v.dtype)
+        else:
+            out = self.attend(q, k, v, mask)
+        return zero_masked_queries(out, mask)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The algorithm on checked inputs (float32 when ``in_float32``); rows of masked queries may hold anything."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.config, f.name)!r}" for f in dataclasses.fields(self.config))
-        return f"seq_len={self.seq_len}, num_heads={self.num_heads}, head_dim={self.head_dim}" + (
-            f", {fields}" if fields else ""
-        )
+        return f"seq_len={self.seq_len}, num_heads={self.num_heads}, head_dim={self.head_dim}" + (f", {fields}" if fields else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named setting of a registered attention, e.g. a row of a paper's table."""
+
+    name: str
+    attention: str  # the registered attention it builds
+    hparams: dict[str, Any]  # every hyperparameter of the attention, validated
+    description: str
 
 
 def register(name: str):
@@ -89,6 +130,8 @@ def register(name: str):
             raise TypeError(f"{cls.__name__}.Config must be a dataclass, got {cls.Config!r}")
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"attention {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        if name in _PRESETS:
+            raise ValueError(f"{name!r} is already the name of a preset of {_PRESETS[name].attention!r}")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -96,9 +139,26 @@ def register(name: str):
     return decorator
 
 
+def register_preset(name: str, attention: str, description: str, **hparams: Any) -> Preset:
+    """Name a setting of the registered ``attention``: ``build(name, ...)`` then builds it.
+
+    ``hparams`` are validated at once (a preset that cannot build fails at import); the preset holds
+    every hyperparameter, the ones not given at the attention's defaults.
+    """
+    if name in _REGISTRY:
+        raise ValueError(f"{name!r} is already the name of a registered attention; a preset needs a name of its own")
+    config = make_config(attention, **hparams)
+    preset = Preset(name, attention, dataclasses.asdict(config), description)
+    if name in _PRESETS and _PRESETS[name] != preset:
+        raise ValueError(f"preset {name!r} is already registered, for {_PRESETS[name].attention!r}")
+    _PRESETS[name] = preset
+    return preset
+
+
 def unregister(name: str) -> None:
-    """Remove ``name`` from the registry (for tests that register throwaway attentions)."""
+    """Remove the attention or preset ``name`` (for tests that register throwaway ones)."""
     _REGISTRY.pop(name, None)
+    _PRESETS.pop(name, None)
 
 
 def available() -> list[str]:
@@ -106,26 +166,46 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def presets() -> dict[str, Preset]:
+    """Every registered preset by name, sorted by name."""
+    return dict(sorted(_PRESETS.items()))
+
+
+def _resolve(name: str) -> tuple[str, dict[str, Any]]:
+    """The attention ``name`` builds and the values in place of its defaults (a preset's)."""
+    if name in _PRESETS:
+        return _PRESETS[name].attention, _PRESETS[name].hparams
+    if name in _REGISTRY:
+        return name, {}
+    names = [*_REGISTRY, *_PRESETS]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise KeyError(f"unknown attention {name!r}.{hint} Available: {', '.join(available())}; presets: {', '.join(presets())}")
+
+
 def get_class(name: str) -> type[Attention]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"unknown attention {name!r}.{hint} Available: {', '.join(available())}") from None
+    """The class that the attention or preset ``name`` builds."""
+    return _REGISTRY[_resolve(name)[0]]
 
 
 def describe(name: str) -> str:
-    """The hyperparameters of ``name`` with their types and defaults, one per line."""
-    config_cls = get_class(name).Config
+    """The hyperparameters of ``name`` with their types and defaults (a preset's values), one per line."""
+    attention, preset_values = _resolve(name)
+    config_cls = _REGISTRY[attention].Config
     hints = typing.get_type_hints(config_cls)
-    lines = [f"{f.name}: {_type_name(hints[f.name])} = {_default(f)!r}" for f in dataclasses.fields(config_cls)]
+    lines = [
+        f"{f.name}: {_type_name(hints[f.name])} = {preset_values.get(f.name, _default(f))!r}"
+        for f in dataclasses.fields(config_cls)
+    ]
+    if name in _PRESETS:
+        lines.insert(0, f"preset of {attention!r}: {_PRESETS[name].description}")
     return "\n".join(lines) if lines else "(no hyperparameters)"
 
 
 def make_config(name: str, **hparams: Any) -> Any:
-    """Validate ``hparams`` against the config dataclass of ``name`` and return the config."""
-    config_cls = get_class(name).Config
+    """Validate ``hparams`` against the config dataclass of ``name`` (an attention or a preset) and return the config."""
+    attention, preset_values = _resolve(name)
+    config_cls = _REGISTRY[attention].Config
     hints = typing.get_type_hints(config_cls)
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(hparams) - set(fields))
@@ -134,7 +214,7 @@ def make_config(name: str, **hparams: Any) -> Any:
             f"unknown hyperparameter(s) {unknown} for attention {name!r}. Valid keys and defaults:\n"
             + (describe(name) if fields else "(none: this attention takes no hyperparameters)")
         )
-    values = {}
+    values = dict(preset_values)
     for key, value in hparams.items():
         try:
             values[key] = _coerce(value, hints[key])
@@ -147,11 +227,12 @@ def make_config(name: str, **hparams: Any) -> Any:
 
 
 def build(name: str, *, seq_len: int, num_heads: int, head_dim: int, **hparams: Any) -> Attention:
-    """Build the registered attention ``name``.
+    """Build the registered attention or preset ``name``.
 
     ``seq_len``, ``num_heads`` and ``head_dim`` describe the inputs every attention will see
     (``seq_len`` is the maximum length; shorter inputs are allowed). The other keyword arguments are
-    the attention's own hyperparameters, validated against its ``Config`` dataclass.
+    the attention's own hyperparameters, validated against its ``Config`` dataclass; for a preset
+    they override its values.
     """
     for key, value in (("seq_len", seq_len), ("num_heads", num_heads), ("head_dim", head_dim)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

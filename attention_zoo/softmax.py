@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 
-from ._checks import check_inputs, zero_masked_queries
 from .registry import Attention, register
 
 
@@ -33,12 +31,10 @@ class SoftmaxAttention(Attention):
     Config = SoftmaxConfig
     linear_memory = False  # the exact n x n attention; fused kernels only avoid storing it on some backends
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         dropout = self.config.dropout if self.training else 0.0
         if mask is None or bool(mask.all()):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         has_real_key = mask.any(dim=1, keepdim=True)  # (b, 1)
         key_mask = mask | ~has_real_key  # (b, n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=dropout)
-        return zero_masked_queries(out, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=dropout)

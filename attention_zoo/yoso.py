@@ -96,12 +96,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import yoso_cuda
 
-from ._checks import check_inputs, zero_masked_queries
-from .registry import Attention, register
+from ._conv import SequenceConv
+from .registry import Attention, register, register_preset
 
 MAX_HASH_BITS = 30  # codes are int32
 
@@ -152,28 +151,24 @@ def expectation_exact(queries, keys, values, pair_mask, hash_bits):
 @register("yoso")
 class YosoAttention(Attention):
     Config = YosoConfig
+    float32 = True  # angles, hashing and the normalisation of the output rows
 
     def __init__(self, *, seq_len, num_heads, head_dim, config):
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
         self.hash_bits = config.hash_bits or max(1, math.ceil(math.log2(seq_len)))
         self.linear_memory = not config.expectation
-        self.conv = None
-        if config.conv_window is not None:
-            # One length-w kernel per head along the sequence, shared by the head's features (as the original).
-            window = config.conv_window
-            self.conv = nn.Conv2d(num_heads, num_heads, (window, 1), padding=(window // 2, 0), groups=num_heads, bias=False)
+        self.conv = None if config.conv_window is None else SequenceConv(num_heads, config.conv_window)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", tau={self.hash_bits}"
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         batch, heads, length, dim = q.shape
         real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if mask is None else mask
         folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
-        queries = F.normalize(q.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        keys = F.normalize(k.float(), dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        values = v.float().reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
+        queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
+        keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
+        values = v.reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
 
         if self.config.expectation:
             pair_mask = (folded_mask[:, :, None] & folded_mask[:, None, :]).float()  # (B, n, n)
@@ -184,13 +179,20 @@ class YosoAttention(Attention):
         else:
             query_codes, key_codes = self.hash(queries.detach(), keys.detach())
             out = yoso_cuda.lsh_attention(
-                queries, keys, values, folded_mask, query_codes, key_codes, self.hash_bits, self.config.backward,
+                queries,
+                keys,
+                values,
+                folded_mask,
+                query_codes,
+                key_codes,
+                self.hash_bits,
+                self.config.backward,
                 self.config.backend,
             )
         out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
         if self.conv is not None:
-            out = out + self.conv(v.float() * real[:, None, :, None])  # (b, h, n, d)
-        return zero_masked_queries(out, mask).to(v.dtype)
+            out = out + self.conv(v * real[:, None, :, None])  # (b, h, n, d)
+        return out
 
     def hash(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes ``(B, n, m)`` of queries and keys under the same fresh hash functions."""
@@ -198,3 +200,59 @@ class YosoAttention(Attention):
         return yoso_cuda.hash_queries_and_keys(
             queries, keys, config.num_hashes, self.hash_bits, config.hash_projection, config.backend
         )
+
+
+# The YOSO rows of the paper's Table 3. tau is log2 of the padded length (hash_bits=None).
+_TABLE3 = dict(hash_bits=None, hash_projection="hadamard")
+register_preset(
+    "yoso_e",
+    "yoso",
+    "YOSO-E (Table 3 'yoso-e'): the exact expectation, O(n^2), with the (tau/2) E surrogate backward of the "
+    "official yoso_v1 YOSO-E",
+    num_hashes=32,
+    backward="lower_bound",
+    conv_window=None,
+    expectation=True,
+    **_TABLE3,
+)
+register_preset(
+    "yoso_32",
+    "yoso",
+    "YOSO-32 (Table 3 'yoso-32'): 32 hashes, the (tau/2)-lower-bound backward",
+    num_hashes=32,
+    backward="lower_bound",
+    conv_window=None,
+    expectation=False,
+    **_TABLE3,
+)
+register_preset(
+    "yoso_c_16",
+    "yoso",
+    "YOSO-C-16 (Table 3 'yoso-C-16'): 16 hashes plus a 33-wide per-head depthwise convolution of V (the width of "
+    "the authors' efficiency scripts; the paper does not state the LRA width)",
+    num_hashes=16,
+    backward="lower_bound",
+    conv_window=33,
+    expectation=False,
+    **_TABLE3,
+)
+register_preset(
+    "yoso_star_16",
+    "yoso",
+    "*YOSO-16 (Table 3 '*yoso-16'): 16 hashes, the exact-derivative backward on collided pairs",
+    num_hashes=16,
+    backward="exact",
+    conv_window=None,
+    expectation=False,
+    **_TABLE3,
+)
+register_preset(
+    "yoso_star_c_16",
+    "yoso",
+    "*YOSO-C-16 (Table 3 '*yoso-C-16'): 16 hashes, the exact-derivative backward, a 33-wide depthwise convolution of V",
+    num_hashes=16,
+    backward="exact",
+    conv_window=33,
+    expectation=False,
+    **_TABLE3,
+)

@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from .data.tasks import TaskData, load_task, prepare_task
 
 SPLIT_OFFSET = {"train": 0, "val": 1, "test": 2}
-log = logging.getLogger(__name__)
+
+
+class GlobalBatchShard(Sampler[list[int]]):
+    """One process's share of each global batch: process ``rank`` of ``world_size`` takes the
+    ``rank``-th contiguous slice of every batch that ``global_batches`` yields.
+
+    With the global batches drawn exactly as one process draws its batches, a DDP run trains on the
+    same samples in the same order as the single-process run of the same seed, and (gradients being
+    averaged over processes) takes the same steps; its evaluations see the same samples too. (A
+    DistributedSampler would shuffle with its own seed and deal samples round-robin.)
+    """
+
+    def __init__(self, global_batches: BatchSampler, rank: int, world_size: int):
+        if global_batches.batch_size % world_size:
+            raise ValueError(f"a global batch of {global_batches.batch_size} does not split over {world_size} processes")
+        if world_size > 1 and not global_batches.drop_last:
+            raise ValueError("a last partial batch does not split evenly over processes: drop it, or read with one process")
+        self.global_batches = global_batches
+        self.rank = rank
+        self.world_size = world_size
+
+    def __iter__(self):
+        for batch in self.global_batches:
+            share = len(batch) // self.world_size
+            yield batch[self.rank * share : (self.rank + 1) * share]
+
+    def __len__(self) -> int:
+        return len(self.global_batches)
 
 
 class LRADataModule(pl.LightningDataModule):
@@ -36,7 +62,7 @@ class LRADataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         # Once per node (Lightning calls it on one process): generate if needed, then prepare or
         # verify the cache; setup() on every process only memory-maps it.
-        prepare_task(self.task, self.data, log=log.info)
+        prepare_task(self.task, self.data)
 
     def setup(self, stage: str | None = None) -> None:
         if self.task_data is None:
@@ -50,13 +76,19 @@ class LRADataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
         assert self.task_data is not None, "call setup() first"
-        # One fixed stream per split, so a seed reproduces the order of batches.
+        dataset = self.task_data.splits[split]
+        # One fixed stream per split, so a seed reproduces the order of batches. The loader draws
+        # from the same generator (a seed for its workers) before each pass over the sampler, so
+        # it is given to both, as DataLoader(shuffle=True, generator=...) does.
         generator = torch.Generator().manual_seed(self.seed * 3 + SPLIT_OFFSET[split]) if shuffle else None
+        order = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        # batch_size is one process's share; the test set is read by one process alone.
+        trainer = self.trainer if split != "test" else None
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        batches = GlobalBatchShard(BatchSampler(order, self.batch_size * world_size, drop_last), rank, world_size)
         return DataLoader(
-            self.task_data.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=drop_last,
+            dataset,
+            batch_sampler=batches,
             num_workers=self.num_workers,
             generator=generator,
             persistent_workers=self.num_workers > 0,

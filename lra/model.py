@@ -14,6 +14,8 @@ attention between them) and the head reads ``[u, v, u * v, u - v]`` of their poo
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,26 +23,58 @@ from torch import nn
 
 from attention_zoo import MultiHeadAttention
 
+from .data.tasks import TaskSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The encoder's and the head's sizes (``conf/model/<name>.yaml``); the defaults are the paper's LRA model."""
+
+    dim: int = 64
+    depth: int = 2
+    num_heads: int = 2
+    head_dim: int = 32
+    ffn_dim: int = 128
+    dropout: float = 0.1
+    head_hidden_dim: int = 128
+    attention_in_fp32: bool = True  # every attention in float32 under mixed precision, as the original code
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """The config of ``values`` (a ``model`` section); an unknown key is an error naming the valid ones."""
+        fields = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown model setting(s) {unknown}; the model has {', '.join(fields)}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The core attention of every layer: a registered attention or preset and its hyperparameters (``attention``)."""
+
+    name: str = "softmax"
+    hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+
 
 class EncoderBlock(nn.Module):
-    def __init__(
-        self, dim, num_heads, head_dim, ffn_dim, dropout, seq_len, attention, attention_hparams, attention_in_fp32
-    ):
+    def __init__(self, seq_len: int, model: ModelConfig, attention: AttentionConfig) -> None:
         super().__init__()
+        dim, dropout = model.dim, model.dropout
         self.attention_norm = nn.LayerNorm(dim)
         self.attention = MultiHeadAttention(
             dim,
-            num_heads,
-            attention,
+            model.num_heads,
+            attention.name,
             seq_len=seq_len,
-            head_dim=head_dim,
-            attention_in_fp32=attention_in_fp32,
-            **attention_hparams,
+            head_dim=model.head_dim,
+            attention_in_fp32=model.attention_in_fp32,
+            **attention.hparams,
         )
         self.attention_dropout = nn.Dropout(dropout)
         self.mlp_norm = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(
-            nn.Linear(dim, ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim), nn.Dropout(dropout)
+            nn.Linear(dim, model.ffn_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(model.ffn_dim, dim), nn.Dropout(dropout)
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -49,49 +83,43 @@ class EncoderBlock(nn.Module):
 
 
 class LRAEncoder(nn.Module):
-    """Token ids ``(batch, seq)`` -> pooled features ``(batch, dim)``; id 0 is padding."""
+    """Token ids ``(batch, seq)`` -> pooled features ``(batch, dim)``; id 0 is padding.
+
+    :meth:`token_features` gives the features of every position before pooling, for a head that reads
+    tokens (a pretraining objective over the same encoder).
+    """
 
     def __init__(
         self,
         vocab_size: int,
         seq_len: int,
-        attention: str = "softmax",
-        attention_hparams: dict[str, Any] | None = None,
-        dim: int = 64,
-        depth: int = 2,
-        num_heads: int = 2,
-        head_dim: int = 32,
-        ffn_dim: int = 128,
-        dropout: float = 0.1,
-        attention_in_fp32: bool = True,
+        model: ModelConfig = ModelConfig(),
+        attention: AttentionConfig = AttentionConfig(),
     ) -> None:
         super().__init__()
         self.seq_len = seq_len
-        self.token_embedding = nn.Embedding(vocab_size, dim)
-        self.position_embedding = nn.Embedding(seq_len, dim)
+        self.dim = model.dim
+        self.token_embedding = nn.Embedding(vocab_size, model.dim)
+        self.position_embedding = nn.Embedding(seq_len, model.dim)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
         nn.init.normal_(self.position_embedding.weight, std=0.02)
-        self.embedding_dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            EncoderBlock(
-                dim, num_heads, head_dim, ffn_dim, dropout, seq_len, attention, attention_hparams or {}, attention_in_fp32
-            )
-            for _ in range(depth)
-        )
-        self.final_norm = nn.LayerNorm(dim)
+        self.embedding_dropout = nn.Dropout(model.dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(seq_len, model, attention) for _ in range(model.depth))
+        self.final_norm = nn.LayerNorm(model.dim)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def token_features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions."""
         if input_ids.dim() != 2 or input_ids.shape[1] > self.seq_len:
-            raise ValueError(
-                f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}"
-            )
+            raise ValueError(f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}")
         mask = input_ids != 0  # (b, n)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))  # (b, n, dim)
         for block in self.blocks:
             x = block(x, mask)
-        x = self.final_norm(x) * mask[..., None]  # (b, n, dim)
-        return x.mean(dim=1)  # (b, dim)
+        return self.final_norm(x) * mask[..., None]  # (b, n, dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.token_features(input_ids).mean(dim=1)  # (b, dim)
 
 
 class LRAClassifier(nn.Module):
@@ -100,8 +128,7 @@ class LRAClassifier(nn.Module):
     def __init__(self, num_classes: int, encoder: LRAEncoder, hidden_dim: int = 128) -> None:
         super().__init__()
         self.encoder = encoder
-        dim = encoder.token_embedding.embedding_dim
-        self.head = nn.Sequential(nn.Linear(dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
+        self.head = nn.Sequential(nn.Linear(encoder.dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids))  # (b, num_classes)
@@ -113,8 +140,7 @@ class LRADualClassifier(nn.Module):
     def __init__(self, num_classes: int, encoder: LRAEncoder, hidden_dim: int = 128) -> None:
         super().__init__()
         self.encoder = encoder
-        dim = encoder.token_embedding.embedding_dim
-        self.head = nn.Sequential(nn.Linear(4 * dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
+        self.head = nn.Sequential(nn.Linear(4 * encoder.dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_classes))
 
     def forward(self, input_ids_0: torch.Tensor, input_ids_1: torch.Tensor) -> torch.Tensor:
         if input_ids_0.shape != input_ids_1.shape:
@@ -126,3 +152,20 @@ class LRADualClassifier(nn.Module):
         # attentions whose statistics span the batch (the table's Nystromformer pinv init).
         u, v = self.encoder(input_ids_0), self.encoder(input_ids_1)  # (b, dim) each
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # (b, num_classes)
+
+
+def build_encoder(spec: TaskSpec, seq_len: int, model: ModelConfig, attention: AttentionConfig) -> LRAEncoder:
+    """The encoder of ``spec``'s tokens at length ``seq_len``; what every model of a task shares."""
+    return LRAEncoder(spec.vocab_size, seq_len, model, attention)
+
+
+def build_classifier(
+    spec: TaskSpec, seq_len: int, model: ModelConfig, attention: AttentionConfig
+) -> LRAClassifier | LRADualClassifier:
+    """The classifier of ``spec``: the dual encoder for a task of document pairs (retrieval), else the single one.
+
+    The one place a model is built: training (:mod:`lra.module`), both benchmarks and
+    ``load_from_checkpoint`` go through it.
+    """
+    classifier = LRADualClassifier if spec.dual_encoder else LRAClassifier
+    return classifier(spec.num_classes, build_encoder(spec, seq_len, model, attention), hidden_dim=model.head_hidden_dim)

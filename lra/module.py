@@ -1,28 +1,46 @@
-"""LightningModule: the classifier, its loss and accuracy, and the paper's optimiser and schedule."""
+"""LightningModules: the LRA classifier with its loss and accuracy, on the paper's optimiser and schedule.
+
+A module saves the settings that define its model (task, sequence length, model and attention
+configs) as hyperparameters, so ``LRAClassificationModule.load_from_checkpoint(path)`` rebuilds the
+classifier from a checkpoint alone. :class:`LRAModule` holds what every objective over the LRA
+encoder shares (those settings and the optimisation); a new objective subclasses it.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchmetrics
-from torch import nn
+
+from .data.tasks import get_spec
+from .model import AttentionConfig, ModelConfig, build_classifier
 
 
-class LRAClassificationModule(pl.LightningModule):
-    """Cross-entropy training of an LRA classifier with AdamW and a linear one-cycle schedule.
+class LRAModule(pl.LightningModule):
+    """The settings of an LRA model and the protocol's optimisation, for any training objective.
 
     The optimiser and schedule are the original code's: ``AdamW(lr, betas=(0.9, 0.999), eps=1e-6,
     weight_decay=0)`` and ``OneCycleLR(max_lr=lr, pct_start=warmup/max_steps,
     anneal_strategy="linear")`` stepped every update. Its PyTorch defaults are part of the
     protocol: the rate starts at lr/25, peaks at ``warmup_steps`` and decays linearly to lr/25e4,
     and ``cycle_momentum=True`` cycles Adam's beta1 0.95 -> 0.85 -> 0.95.
+
+    Args:
+        task: the LRA task (``lra.data.tasks.TASKS``): its vocabulary, classes and inputs.
+        seq_len: the longest input, the length of the position embedding.
+        model: a ``model`` config section (:class:`lra.model.ModelConfig`'s fields).
+        attention: an ``attention`` config section, ``{"name": ..., "hparams": {...}}``.
     """
 
     def __init__(
         self,
-        model: nn.Module,
-        num_classes: int,
+        task: str,
+        seq_len: int,
+        model: dict[str, Any],
+        attention: dict[str, Any],
         lr: float = 1e-4,
         warmup_steps: int = 1000,
         max_steps: int = 5000,
@@ -35,13 +53,36 @@ class LRAClassificationModule(pl.LightningModule):
                 f"need warmup_steps = 0 or 2 <= warmup_steps < max_steps (OneCycleLR divides by warmup_steps - 1), "
                 f"got warmup_steps={warmup_steps}, max_steps={max_steps}"
             )
-        self.save_hyperparameters(ignore=["model"])
-        self.model = model
+        self.save_hyperparameters(
+            "task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps", "weight_decay", "eps"
+        )
+        self.spec = get_spec(task)
+        self.model_config = ModelConfig.from_dict(model)
+        self.attention_config = AttentionConfig(**attention)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=(0.9, 0.999), eps=hp.eps, weight_decay=hp.weight_decay)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=hp.lr,
+            total_steps=hp.max_steps,
+            pct_start=hp.warmup_steps / hp.max_steps,
+            anneal_strategy="linear",
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class LRAClassificationModule(LRAModule):
+    """Cross-entropy training of the task's classifier (:func:`lra.model.build_classifier`), with accuracy."""
+
+    def __init__(self, task: str, seq_len: int, model: dict[str, Any], attention: dict[str, Any], **optimisation: Any):
+        super().__init__(task, seq_len, model, attention, **optimisation)
+        self.model = build_classifier(self.spec, seq_len, self.model_config, self.attention_config)
+        num_classes = self.spec.num_classes
         self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.test_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
-        # (global step, validation accuracy) of every evaluation, to report the best one's step.
-        self.validation_history: list[tuple[int, float]] = []
 
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
         return self.model(**inputs)
@@ -65,28 +106,3 @@ class LRAClassificationModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test", self.test_acc)
-
-    def on_validation_epoch_end(self) -> None:
-        if not self.trainer.sanity_checking:
-            self.validation_history.append((self.global_step, float(self.trainer.callback_metrics["val/acc"])))
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["validation_history"] = self.validation_history
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # A resumed run still reports the best evaluation from before the interruption.
-        self.validation_history = list(checkpoint.get("validation_history", []))
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(
-            self.parameters(), lr=hp.lr, betas=(0.9, 0.999), eps=hp.eps, weight_decay=hp.weight_decay
-        )
-        schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=hp.lr,
-            total_steps=hp.max_steps,
-            pct_start=hp.warmup_steps / hp.max_steps,
-            anneal_strategy="linear",
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -25,14 +25,23 @@ def config_hash(config: dict[str, Any]) -> str:
 
 
 def git_commit() -> str:
-    """The commit of the checkout this code runs from, with ``-dirty`` for uncommitted changes."""
+    """The commit of the checkout this code runs from, with ``-dirty`` for uncommitted changes; "unknown"
+    for an installed copy (even one installed inside another repository's folder)."""
     try:
+        top = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        if not top or Path(top).resolve() != REPO_ROOT:
+            return "unknown"
         commit = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -36,40 +36,22 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
+from . import paper
 from .results import RESULTS_FILE
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
 #: Table 3 of the YOSO paper (ICML 2021): test accuracy (%) per row (our preset names) and task.
-PAPER_TABLE3: dict[str, dict[str, float]] = {
-    "none": dict(listops=19.20, text=61.11, retrieval=74.78, image=33.86, pathfinder=66.51),
-    "softmax": dict(listops=37.10, text=65.02, retrieval=79.35, image=38.20, pathfinder=74.16),
-    "yoso_e": dict(listops=37.30, text=64.71, retrieval=81.16, image=39.78, pathfinder=72.90),
-    "nystromformer": dict(listops=37.15, text=65.52, retrieval=79.56, image=41.58, pathfinder=70.94),
-    "longformer": dict(listops=37.20, text=64.60, retrieval=80.97, image=39.06, pathfinder=73.01),
-    "linformer": dict(listops=37.25, text=55.91, retrieval=79.37, image=37.84, pathfinder=67.60),
-    "reformer": dict(listops=19.05, text=64.88, retrieval=78.64, image=43.29, pathfinder=69.36),
-    "performer": dict(listops=18.80, text=63.81, retrieval=78.62, image=37.07, pathfinder=69.87),
-    "yoso_32": dict(listops=37.25, text=63.12, retrieval=78.69, image=40.21, pathfinder=72.33),
-    "yoso_c_16": dict(listops=37.40, text=64.28, retrieval=77.61, image=44.67, pathfinder=71.86),
-    "yoso_star_16": dict(listops=37.20, text=62.97, retrieval=79.02, image=40.50, pathfinder=72.05),
-    "yoso_star_c_16": dict(listops=37.35, text=65.89, retrieval=78.80, image=45.93, pathfinder=71.39),
-}
-PAPER_ROWS = tuple(PAPER_TABLE3)
-PAPER_LABELS = {
-    "none": "none", "softmax": "softmax", "yoso_e": "yoso-e", "nystromformer": "nystromformer",
-    "longformer": "longformer", "linformer": "linformer", "reformer": "reformer", "performer": "performer",
-    "yoso_32": "yoso-32", "yoso_c_16": "yoso-C-16", "yoso_star_16": "*yoso-16", "yoso_star_c_16": "*yoso-C-16",
-}
+PAPER_TABLE3: dict[str, dict[str, float]] = {row.preset: row.accuracy for row in paper.TABLE3}
+PAPER_LABELS = {row.preset: row.label for row in paper.TABLE3}
 # Paths differ per machine and mean nothing in a committed record.
 MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
 # The parts of a record that configure a run (flattened into the keys a cell must agree on).
@@ -140,18 +122,25 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     for record in records:
         config = settings(record)
         finished = record.get("status") == "finished"
-        rows.append({
-            "task": record["task"], "row": record["row"], "seed": record["seed"],
-            "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
-            "status": record.get("status", "unknown"), "error": record.get("error") or "",
-            "finished_at": record.get("finished_at") or "", "config_hash": record["config_hash"],
-            "setting": json.dumps(config, sort_keys=True),
-            # A finished run also says which data it used (source=auto resolves to one of two).
-            "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
-            "accuracy": 100 * record["test_acc"] if finished else math.nan,
-            "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
-            "model": record.get("model"), "protocol_fields": record.get("protocol"),
-        })
+        rows.append(
+            {
+                "task": record["task"],
+                "row": record["row"],
+                "seed": record["seed"],
+                "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
+                "status": record.get("status", "unknown"),
+                "error": record.get("error") or "",
+                "finished_at": record.get("finished_at") or "",
+                "config_hash": record["config_hash"],
+                "setting": json.dumps(config, sort_keys=True),
+                # A finished run also says which data it used (source=auto resolves to one of two).
+                "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
+                "accuracy": 100 * record["test_acc"] if finished else math.nan,
+                "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
+                "model": record.get("model"),
+                "protocol_fields": record.get("protocol"),
+            }
+        )
     runs = pd.DataFrame(rows)
     # The same run found twice (outputs/ and results/runs/) is one record.
     return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
@@ -224,19 +213,21 @@ class Section:
 @cache
 def paper_setup(task: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The paper's protocol and model for ``task`` as ``experiment=paper`` composes them."""
-    if not (CONF_DIR / "task" / f"{task}.yaml").is_file():
-        return None
-    from hydra import compose, initialize_config_dir
+    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    from . import config
+
+    try:
+        cfg = config.compose([f"task={task}", "experiment=paper"])
+    except MissingConfigException:  # a task this version has no config for
+        return None
     return OmegaConf.to_container(cfg.task.protocol), OmegaConf.to_container(cfg.model)
 
 
 def row_order(label: str) -> tuple[int, str]:
     base = label.split(" ")[0]
-    return (PAPER_ROWS.index(base) if base in PAPER_ROWS else len(PAPER_ROWS), label)
+    return (paper.ROWS.index(base) if base in paper.ROWS else len(paper.ROWS), label)
 
 
 def build_sections(records: list[dict[str, Any]]) -> list[Section]:
@@ -250,8 +241,9 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
     for (protocol, task), group in runs.groupby(["protocol", "task"]):
         keys = sorted({key for c in config[group.index] for key in c})
         differs[protocol, task] = [
-            key for key in keys if not key.startswith(ROW_KEYS)
-            and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
+            key
+            for key in keys
+            if not key.startswith(ROW_KEYS) and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
         ]
 
     def section_key(index: int) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -261,7 +253,7 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
     sections: dict[tuple, Section] = {}
     latest = finished.sort_values("finished_at").groupby(["setting", "data_source", "seed"], sort=False)
     pooled: dict[tuple, dict[tuple, list[int]]] = {}  # section -> (row, task) -> indices of pooled runs
-    for (setting, data_source, seed), group in latest:
+    for (_setting, _data_source, seed), group in latest:
         keep = group.index[-1]
         key = section_key(keep)
         section = sections.setdefault(key, Section(*key))
@@ -282,7 +274,9 @@ def build_sections(records: list[dict[str, Any]]) -> list[Section]:
             for (setting, data_source), members in variants.items():
                 label = row
                 if len(variants) > 1:
-                    others = [json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)]
+                    others = [
+                        json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)
+                    ]
                     mine = json.loads(setting) | {"data_source": json.dumps(data_source)}
                     diff = sorted(k for k in mine if any(o.get(k) != mine[k] for o in others))
                     label = f"{row} ({', '.join(f'{k}={json.loads(mine[k])}' for k in diff)})"
@@ -358,14 +352,20 @@ def describe_section(section: Section) -> list[str]:
     elif section.protocol != "paper":
         lines = [f"Protocol `{section.protocol}`, not the paper's: compare rows with each other, not with the paper's numbers."]
     else:
-        lines = [f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
-                 "other, not with the paper's numbers."]
+        lines = [
+            f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
+            "other, not with the paper's numbers."
+        ]
     seeds = sorted({len(cell.seeds) for cell in section.cells.values()})
-    sizes = {task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test})
-             for task in section.tasks}
+    sizes = {
+        task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test}) for task in section.tasks
+    }
     if seeds:
-        lines.append(f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
-                     + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items()) + ".")
+        lines.append(
+            f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
+            + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items())
+            + "."
+        )
     return lines
 
 
@@ -413,26 +413,41 @@ def cells_frame(sections: list[Section]) -> pd.DataFrame:
                 cell = section.cells.get((row, task))
                 if cell is None:
                     continue
-                rows.append({
-                    "section": section.title, "protocol": section.protocol, "row": row, "task": task,
-                    "num_seeds": len(cell.seeds), "seeds": " ".join(map(str, cell.seeds)),
-                    "num_test": " ".join(map(str, cell.num_test)), "mean": round(cell.mean, 4),
-                    "std": round(cell.std, 4), "standard_error": round(cell.standard_error, 4),
-                    "best": section.best(task) == row, "paper": cell.paper,
-                    "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
-                    "data_source": "+".join(cell.data_sources), "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
-                })
+                rows.append(
+                    {
+                        "section": section.title,
+                        "protocol": section.protocol,
+                        "row": row,
+                        "task": task,
+                        "num_seeds": len(cell.seeds),
+                        "seeds": " ".join(map(str, cell.seeds)),
+                        "num_test": " ".join(map(str, cell.num_test)),
+                        "mean": round(cell.mean, 4),
+                        "std": round(cell.std, 4),
+                        "standard_error": round(cell.standard_error, 4),
+                        "best": section.best(task) == row,
+                        "paper": cell.paper,
+                        "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
+                        "data_source": "+".join(cell.data_sources),
+                        "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def latex(sections: list[Section]) -> str:
-    parts = ["% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
-             " (paper, difference) only under the paper's protocol."]
+    parts = [
+        "% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
+        " (paper, difference) only under the paper's protocol."
+    ]
     for section in sections:
         tasks = section.tasks
         table = pd.DataFrame(
-            [[row_label(row)] + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag")
-                                 for task in tasks] for row in section.rows],
+            [
+                [row_label(row)]
+                + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag") for task in tasks]
+                for row in section.rows
+            ],
             columns=["Method", *(TASK_LABELS.get(t, t) for t in tasks)],
         )
         table["Method"] = table["Method"].str.replace("_", "\\_").str.replace("*", "$^*$", regex=False)
@@ -449,17 +464,28 @@ def figure(sections: list[Section], path: Path) -> None:
 
     width = max(len(s.tasks) for s in sections)
     height = sum(0.3 * len(s.rows) + 1.2 for s in sections)
-    fig, axes = plt.subplots(len(sections), width, figsize=(3.4 * width, height), squeeze=False,
-                             gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]})
+    fig, axes = plt.subplots(
+        len(sections),
+        width,
+        figsize=(3.4 * width, height),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]},
+    )
     for axis_row, section in zip(axes, sections):
-        for ax in axis_row[len(section.tasks):]:
+        for ax in axis_row[len(section.tasks) :]:
             ax.axis("off")
         for ax, task in zip(axis_row, section.tasks):
             for i, row in enumerate(section.rows):
                 cell = section.cells.get((row, task))
                 if cell is not None:
-                    ax.barh(i, cell.mean, xerr=cell.standard_error, color="tab:orange" if row.startswith("yoso") else "tab:blue",
-                            hatch="//" if cell.generated else None, alpha=0.85)
+                    ax.barh(
+                        i,
+                        cell.mean,
+                        xerr=cell.standard_error,
+                        color="tab:orange" if row.startswith("yoso") else "tab:blue",
+                        hatch="//" if cell.generated else None,
+                        alpha=0.85,
+                    )
                     if cell.paper is not None:
                         ax.plot([cell.paper, cell.paper], [i - 0.4, i + 0.4], color="black", linewidth=2)
             ax.set_title(f"{TASK_LABELS.get(task, task)} ({section.title})", fontsize=9)
@@ -467,8 +493,11 @@ def figure(sections: list[Section], path: Path) -> None:
             ax.set_yticks(range(len(section.rows)), [row_label(r) for r in section.rows], fontsize=8)
             ax.invert_yaxis()
             ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
-                 "number, under its protocol only)", fontsize=10)
+    fig.suptitle(
+        "LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
+        "number, under its protocol only)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same runs, same bytes
     plt.close(fig)
@@ -490,16 +519,30 @@ def write_all(records: list[dict[str, Any]], out_dir: Path, source: str) -> list
 def main(argv: list[str] | None = None) -> None:
     output_dir = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
     parser = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, nargs="*", default=[output_dir],
-                        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)")
-    parser.add_argument("--results", type=Path, default=Path("results"),
-                        help="the committed results; their runs/ subfolder holds the committed run records")
-    parser.add_argument("--out", type=Path, default=output_dir,
-                        help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)")
-    parser.add_argument("--collect", action="store_true",
-                        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)")
-    parser.add_argument("--committed", action="store_true",
-                        help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        nargs="*",
+        default=[output_dir],
+        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="the committed results; their runs/ subfolder holds the committed run records",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=output_dir, help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)"
+    )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)",
+    )
+    parser.add_argument(
+        "--committed", action="store_true", help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table"
+    )
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
     if args.collect:
@@ -508,8 +551,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect or args.committed:
         paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`")
     else:
-        paths = write_all(find_records([*args.runs, runs_dir]), args.out,
-                          f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`")
+        paths = write_all(
+            find_records([*args.runs, runs_dir]), args.out, f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`"
+        )
     for path in paths:
         print(f"wrote {path}")
 

@@ -14,45 +14,45 @@ other cells go on and the sweep ends with a summary (``lra/sweep.py``).
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import logging
-import math
 import os
 import sys
 import time
-import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import hydra
-import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 
 import attention_zoo
 
-from . import results
-from .datamodule import LRADataModule
-from .data.tasks import get_spec
-from .model import LRAClassifier, LRADualClassifier, LRAEncoder
-from .module import LRAClassificationModule
+from . import config, results
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation, a failure's traceback.
 file_log = logging.getLogger("lra.train.file")
 
-MAX_RUN_NAME = 120  # file names are limited to 255 bytes
 # The protocol's fields and their types: anything else in task.protocol is an error, not ignored.
 PROTOCOL_FIELDS = {
-    "name": str, "batch_size": int, "max_steps": int, "warmup_steps": int, "val_check_interval": int,
-    "limit_val_batches": int, "lr": float, "weight_decay": float,
+    "name": str,
+    "batch_size": int,
+    "max_steps": int,
+    "warmup_steps": int,
+    "val_check_interval": int,
+    "limit_val_batches": int,
+    "lr": float,
+    "weight_decay": float,
 }
 WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
 # Where a result is recorded, the data paths are machine-specific and say nothing about the run.
 DATA_PATH_KEYS = ("source_dir", "cache_dir", "generated_dir")
+
+config.register()  # before @hydra.main composes: the attention_zoo group and the resolvers
 
 
 class RunFailed(Exception):
@@ -63,37 +63,17 @@ class RunFailed(Exception):
         self.record = record
 
 
-def run_name(overrides: str) -> str:
-    """The run folder's name: the command-line overrides, "default" for none.
-
-    A long list is cut and suffixed with a hash of the whole list, so the name stays unique and
-    within file-name limits; the full list is in the run's ``.hydra/overrides.yaml``.
-    """
-    if not overrides:
-        return "default"
-    if len(overrides) <= MAX_RUN_NAME:
-        return overrides
-    digest = hashlib.sha256(overrides.encode()).hexdigest()[:12]
-    return f"{overrides[: MAX_RUN_NAME - 13]}-{digest}"
-
-
-OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
-
-
 def not_an_advertisement(record: logging.LogRecord) -> bool:
     return "litlogger" not in record.getMessage()
 
 
 def quiet_library_noise() -> None:
-    """Keep what the libraries print to what a user needs, and send Lightning's messages to train.log.
+    """Keep what the libraries log to what a user needs, and send Lightning's messages to train.log.
 
     Called once the run's logging is configured. Silenced: Lightning's advertisement for its cloud
-    logger; a deprecation inside Lightning that torch announces on every run; torch's note that no
-    CUDA runtime is found, printed when YOSO's kernels are loaded on a CPU-only machine (the kernels
-    report what they built themselves); and Lightning's warnings about two deliberate choices of the
-    protocol (no loader workers on a CPU, where they would compete with the model for the cores;
-    shuffled validation batches, a fresh random subset at each evaluation like the original dev
-    stream) and about the callbacks a single-process test does not need under DDP.
+    logger, and torch's note that no CUDA runtime is found, printed when YOSO's kernels are loaded
+    on a CPU-only machine (the kernels report what they built themselves). Lightning's warnings
+    about the protocol's deliberate choices are silenced around training only (:mod:`lra.fit`).
     """
     for name in ("pytorch_lightning", "lightning_fabric"):
         # Lightning gives itself a console handler when imported before logging is configured;
@@ -104,10 +84,6 @@ def quiet_library_noise() -> None:
         library_logger.propagate = True
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(not_an_advertisement)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
-    warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint need to be provided.*")
 
 
 def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
@@ -141,11 +117,17 @@ def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
     if protocol.warmup_steps >= steps:
         warmup = int(WARMUP_SHARE_WHEN_SHORTENED * steps)
         warmup = warmup if warmup >= 2 else 0
-        adjusted["warmup_steps"] = {"from": protocol.warmup_steps, "to": warmup,
-                                    "why": f"must be below max_steps={steps}; a tenth of it"}
+        adjusted["warmup_steps"] = {
+            "from": protocol.warmup_steps,
+            "to": warmup,
+            "why": f"must be below max_steps={steps}; a tenth of it",
+        }
     if protocol.val_check_interval > steps:
-        adjusted["val_check_interval"] = {"from": protocol.val_check_interval, "to": steps,
-                                          "why": f"must not exceed max_steps={steps}, so the run is evaluated"}
+        adjusted["val_check_interval"] = {
+            "from": protocol.val_check_interval,
+            "to": steps,
+            "why": f"must not exceed max_steps={steps}, so the run is evaluated",
+        }
     for key, change in adjusted.items():
         protocol[key] = change["to"]
         log.warning("Adjusted task.protocol.%s from %s to %s (%s)", key, change["from"], change["to"], change["why"])
@@ -163,44 +145,6 @@ def recorded_data_settings(task: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in task["data"].items() if key not in DATA_PATH_KEYS}
 
 
-def build_module(cfg: DictConfig) -> LRAClassificationModule:
-    task, model, protocol = cfg.task, cfg.model, cfg.task.protocol
-    encoder = LRAEncoder(
-        vocab_size=task.vocab_size,
-        seq_len=task.seq_len,
-        attention=cfg.attention.name,
-        attention_hparams=OmegaConf.to_container(cfg.attention.hparams, resolve=True),
-        dim=model.dim,
-        depth=model.depth,
-        num_heads=model.num_heads,
-        head_dim=model.head_dim,
-        ffn_dim=model.ffn_dim,
-        dropout=model.dropout,
-        attention_in_fp32=model.attention_in_fp32,
-    )
-    dual = len(get_spec(task.name).inputs) == 2
-    classifier = (LRADualClassifier if dual else LRAClassifier)(task.num_classes, encoder, hidden_dim=model.head_hidden_dim)
-    return LRAClassificationModule(
-        classifier,
-        num_classes=task.num_classes,
-        lr=protocol.lr,
-        warmup_steps=protocol.warmup_steps,
-        max_steps=protocol.max_steps,
-        weight_decay=protocol.weight_decay,
-    )
-
-
-def is_rank_zero() -> bool:
-    """Whether this process is rank 0 of a distributed run (or not distributed): only it writes
-    ``results.json``. Read from the launchers' environment, since it is needed before the Trainer
-    exists (Lightning's own launcher sets LOCAL_RANK / NODE_RANK, torchrun RANK, srun SLURM_PROCID)."""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"]) == 0
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        return int(os.environ.get("SLURM_PROCID", "0")) == 0
-    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
-
-
 def processes(trainer_cfg: DictConfig) -> int:
     """How many training processes the trainer config asks for (devices x nodes)."""
     devices = trainer_cfg.devices
@@ -208,100 +152,6 @@ def processes(trainer_cfg: DictConfig) -> int:
         raise ValueError(f"trainer.devices must be a device count or a list of devices, got {devices!r}")
     per_node = devices if isinstance(devices, int) else len(devices)
     return per_node * trainer_cfg.get("num_nodes", 1)
-
-
-class EvaluationLog(Callback):
-    """Each evaluation's result into train.log, as it happens (the console has the progress bar)."""
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
-            file_log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
-
-
-def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None = None) -> dict[str, Any]:
-    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record."""
-    protocol = cfg.task.protocol
-    world_size = processes(cfg.trainer)
-    if protocol.batch_size % world_size:
-        raise ValueError(
-            f"batch_size={protocol.batch_size} does not divide over {world_size} processes; "
-            "the protocol's batch is the total over all devices"
-        )
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = LRADataModule(
-        task=cfg.task.name,
-        seq_len=cfg.task.seq_len,
-        data=OmegaConf.to_container(cfg.task.data, resolve=True),
-        batch_size=protocol.batch_size // world_size,
-        num_workers=cfg.trainer.num_workers,
-        seed=cfg.seed,
-    )
-    module = build_module(cfg)
-    checkpoint = ModelCheckpoint(
-        dirpath=output_dir / "checkpoints",
-        filename="best-step{step}",
-        monitor="val/acc",
-        mode="max",
-        save_top_k=1,
-        save_last=True,  # checkpoints/last.ckpt: where an interrupted run resumes
-        auto_insert_metric_name=False,
-    )
-    # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
-    resume_step = torch.load(resume_from, map_location="cpu", weights_only=False)["global_step"] if resume_from else None
-    logger = hydra.utils.instantiate(cfg.logger, save_dir=str(output_dir), resume_step=resume_step)
-    trainer = pl.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=cfg.trainer.devices,
-        num_nodes=cfg.trainer.get("num_nodes", 1),
-        strategy=cfg.trainer.get("strategy", "auto"),
-        precision=cfg.trainer.precision,
-        max_steps=protocol.max_steps,
-        val_check_interval=protocol.val_check_interval,
-        check_val_every_n_epoch=None,
-        limit_val_batches=math.ceil(protocol.limit_val_batches / world_size),
-        callbacks=[checkpoint, LearningRateMonitor(logging_interval="step"), EvaluationLog()],
-        logger=logger,
-        log_every_n_steps=min(50, protocol.val_check_interval),
-        default_root_dir=output_dir,
-        enable_progress_bar=cfg.trainer.progress_bar,
-    )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    if not checkpoint.best_model_path:
-        raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
-    best_val_step, best_val_acc = max(module.validation_history, key=lambda entry: entry[1])
-    # What actually ran (the strategy may differ from what the config asked for).
-    device, steps, world_size = trainer.strategy.root_device, trainer.global_step, trainer.world_size
-    if trainer.world_size > 1:
-        # The test runs once, on rank 0 alone: a distributed sampler would pad the test set with
-        # repeated samples. The other ranks are done.
-        if trainer.global_rank != 0:
-            return {}
-        torch.distributed.destroy_process_group()
-        trainer = pl.Trainer(
-            accelerator=cfg.trainer.accelerator, devices=[device.index] if device.type == "cuda" else 1,
-            precision=cfg.trainer.precision, logger=False, enable_progress_bar=cfg.trainer.progress_bar,
-        )
-    test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
-    peak_memory, peak_memory_kind = results.peak_memory_mb(device)
-    return {
-        "data_source": datamodule.task_data.data_source,
-        "data_folder": str(datamodule.task_data.folder),
-        "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
-        "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
-        "num_parameters": sum(p.numel() for p in module.model.parameters()),
-        "steps": steps,
-        "processes": world_size,
-        "best_val_acc": best_val_acc,
-        "best_val_step": best_val_step,
-        "test_acc": test_metrics["test/acc"],
-        "test_loss": test_metrics["test/loss"],
-        "best_checkpoint": str(checkpoint.best_model_path),
-        "peak_memory_mb": round(peak_memory, 1),
-        "peak_memory_kind": peak_memory_kind,
-        "device": results.device_name(device),
-        "precision": str(cfg.trainer.precision),
-    }
 
 
 def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str, Any]:
@@ -313,9 +163,15 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
     train.log) and raised as :class:`RunFailed`. ``row`` names the table row the run belongs to
     (the attention preset and any overrides of it).
     """
+    # Lightning, the model and the data: only a run that trains pays for importing them.
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+    from .fit import fit_and_test
+
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / results.RESULTS_FILE
+    write = rank_zero_only(results.write)  # one process of a distributed run writes results.json
     cell = f"{cfg.task.name} / {row or cfg.attention.name} / seed {cfg.seed}"
     record: dict[str, Any] = {
         "task": cfg.task.name,
@@ -324,11 +180,10 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
         "seed": cfg.seed,
         "git_commit": results.git_commit(),
         "torch_version": torch.__version__,
-        "lightning_version": pl.__version__,
+        "lightning_version": version("pytorch-lightning"),
         "started_at": results.now(),
         "status": "running",
     }
-    writer = is_rank_zero()
     start = time.perf_counter()
     try:
         adjusted = check_protocol(cfg.task.protocol)
@@ -346,44 +201,64 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
         if same_config and previous.get("status") == "finished":
             log.info("Skipping: %s already holds a finished run of this configuration (%s)", results_path, record["config_hash"])
             return previous
-        last_checkpoint = output_dir / "checkpoints" / "last.ckpt"
+        last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
         resume_from = last_checkpoint if same_config and last_checkpoint.is_file() else None
         attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])
-        record["attention_hparams"] = dict(vars(attention_config))
+        record["attention_hparams"] = dataclasses.asdict(attention_config)
         if resume_from:
             record["resumed_from"] = str(resume_from)
             log.info("Resuming the interrupted run from %s", resume_from)
-        if writer:
-            results.write(results_path, record)
-        log.info("%s: %d steps of batch %d (protocol %s) -> %s", cell, cfg.task.protocol.max_steps,
-                 cfg.task.protocol.batch_size, cfg.task.protocol.name, output_dir)
-        record.update(fit_and_test(cfg, output_dir, resume_from))
+        world_size = processes(cfg.trainer)
+        if cfg.task.protocol.batch_size % world_size:
+            raise ValueError(
+                f"batch_size={cfg.task.protocol.batch_size} does not divide over {world_size} processes; "
+                "the protocol's batch is the total over all devices"
+            )
+        write(results_path, record)
+        log.info(
+            "%s: %d steps of batch %d (protocol %s) -> %s",
+            cell,
+            cfg.task.protocol.max_steps,
+            cfg.task.protocol.batch_size,
+            cfg.task.protocol.name,
+            output_dir,
+        )
+        record.update(fit_and_test(cfg, output_dir, resume_from, world_size))
         record["status"] = "finished"
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         file_log.error("%s failed", cell, exc_info=error)
         log.error("error: %s failed: %s", cell, record["error"])
-        log.error("The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
-                  output_dir / "train.log", results_path)
+        log.error(
+            "The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
+            output_dir / "train.log",
+            results_path,
+        )
         raise RunFailed(record) from error
     except BaseException as error:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
         record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
-        log.error("Interrupted: running the same command again resumes from %s", output_dir / "checkpoints" / "last.ckpt")
+        log.error(
+            "Interrupted: running the same command again resumes from %s", Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+        )
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
-        if writer and record["status"] != "running":  # "running": skipped, nothing to write
-            results.write(results_path, record)
-    if not writer:
+        if record["status"] != "running":  # "running": skipped, nothing to write
+            write(results_path, record)
+    if rank_zero_only.rank != 0:
         return record
     log.info(
         "%s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
-        cell, record["best_val_acc"], record["best_val_step"], record["test_acc"], results_path,
+        cell,
+        record["best_val_acc"],
+        record["best_val_step"],
+        record["test_acc"],
+        results_path,
     )
     return record
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name=config.CONFIG_NAME)
 def main(cfg: DictConfig) -> float | None:
     quiet_library_noise()
     hydra_config = HydraConfig.get()

@@ -31,8 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "lra"))
 from conftest import TINY  # noqa: E402  (the tiny ListOps the lra tests train on)
 
-TINY_DATA = [o for o in TINY if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps",
-                                                  "task.protocol.val_check_interval"))]
+TINY_DATA = [
+    o
+    for o in TINY
+    if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps", "task.protocol.val_check_interval"))
+]
 CFG_JOB = ("--cfg", "job")
 
 
@@ -48,38 +51,78 @@ class Rule:
 RULES = [
     Rule(r"^pip install", not_run="installs packages from the network; .ci/run installs the project in a fresh environment"),
     Rule(r"^pytest", not_run="the test suite itself, which this test is part of"),
+    Rule(r"^ruff ", not_run="lints the checkout; .ci/run runs it before the tests"),
     Rule(r"^CUDA_HOME=", not_run="compiles the CUDA kernels (minutes); .ci/run does it where nvcc is installed"),
     Rule(r"^python -m lra\.train$", append=tuple(TINY), why="the quick start on the tiny ListOps"),
-    Rule(r"^python -m lra\.train task\.protocol\.max_steps=\d+$", append=tuple(TINY_DATA),
-         why="the shortened run on the tiny ListOps, its protocol as written"),
+    Rule(
+        r"^python -m lra\.train task\.protocol\.max_steps=\d+$",
+        append=tuple(TINY_DATA),
+        why="the shortened run on the tiny ListOps, its protocol as written",
+    ),
     Rule(r"^python -m lra\.train .*--cfg", why="composes the config only"),
     Rule(r"^python -m lra\.train -m ", append=CFG_JOB, why="a sweep: its first cell's config, every value composed"),
-    Rule(r"^python -m lra\.train\b", append=CFG_JOB,
-         why="trains for minutes to days or needs a GPU or official data: its config only"),
-    Rule(r"^python -m lra\.data generate listops", append=("--num-train", "20", "--num-val", "5", "--num-test", "5",
-                                                          "--min-length", "5", "--max-length", "40"),
-         why="a tiny ListOps"),
-    Rule(r"^python -m lra\.data generate pathfinder", substitute=(("--num-samples 200000", "--num-samples 20"),),
-         why="20 images"),
+    Rule(
+        r"^python -m lra\.train\b",
+        append=CFG_JOB,
+        why="trains for minutes to days or needs a GPU or official data: its config only",
+    ),
+    Rule(
+        r"^python -m lra\.data generate listops",
+        append=("--num-train", "20", "--num-val", "5", "--num-test", "5", "--min-length", "5", "--max-length", "40"),
+        why="a tiny ListOps",
+    ),
+    Rule(
+        r"^python -m lra\.data generate pathfinder", substitute=(("--num-samples 200000", "--num-samples 20"),), why="20 images"
+    ),
     Rule(r"^python -m lra\.data prepare pathfinder --source data/pathfinder32$", why="prepares the 20 generated images"),
     Rule(r"^python -m lra\.data info", why="lists what the commands before it prepared"),
     Rule(r"^python -m lra\.data \w+", append=("--help",), why="needs the official files or the network: its help"),
     Rule(r"^python -m lra\.table", why="the table of the runs made before it"),
-    Rule(r"^python -m lra\.bench kernels", append=("--lengths", "256", "--head-dims", "16", "--dtypes", "float32",
-                                                  "--repeats", "1", "--reference-max-length", "256", "--out", "bench"),
-         why="one small length"),
-    Rule(r"^python -m lra\.bench efficiency", append=("--lengths", "64", "--attentions", "softmax", "yoso_32",
-                                                     "--repeats", "1", "--quiet", "--out", "bench"),
-         why="two attentions at one small length"),
-    Rule(r"^python -m lra\.bench approx --run .*<run>", append=("--help",),
-         why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help"),
+    Rule(
+        r"^python -m lra\.bench kernels",
+        append=(
+            "--lengths",
+            "256",
+            "--head-dims",
+            "16",
+            "--dtypes",
+            "float32",
+            "--repeats",
+            "1",
+            "--reference-max-length",
+            "256",
+            "--out",
+            "bench",
+        ),
+        why="one small length",
+    ),
+    Rule(
+        r"^python -m lra\.bench efficiency",
+        append=("--lengths", "64", "--attentions", "softmax", "yoso_32", "--repeats", "1", "--quiet", "--out", "bench"),
+        why="two attentions at one small length",
+    ),
+    Rule(
+        r"^python -m lra\.bench approx --run .*<run>",
+        append=("--help",),
+        why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help",
+    ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
     Rule(r"^python -m lra\.bench", why="as written"),
     Rule(r"^python -m yoso_cuda$", why="loads the kernels built before the tests (.ci/run builds them)"),
     Rule(r"^python -m yoso_cuda --check$", why="every compiled op against the reference on this machine's devices"),
-    Rule(r"^python -m yoso_cuda\.emulator\.mutants", append=("--help",),
-         why="builds and tests 7 mutated copies of the CUDA kernels (about 10 minutes): its help"),
+    Rule(
+        r"^python -m yoso_cuda\.emulator\.mutants",
+        append=("--help",),
+        why="builds and tests 7 mutated copies of the CUDA kernels (about 10 minutes): its help",
+    ),
     Rule(r"^python -c ", why="as written"),
+    Rule(r"^sudo apt-get install ", not_run="installs system packages; .ci/run installs the SLURM test cluster's"),
+    Rule(
+        r"^sudo python3 tests/lra/slurm_cluster\.py$",
+        not_run="a SLURM cluster that runs until Ctrl-C; tests/lra/test_slurm.py starts the same one",
+    ),
+    Rule(r"^export SLURM_CONF=", not_run="points at the cluster started above"),
+    Rule(r"^sacct ", not_run="reads the cluster started above"),
 ]
 
 
@@ -114,8 +157,10 @@ def sweep_lists(args: list[str]) -> tuple[list[str], list[list[str]]]:
 
     overrides = [arg for arg in args if arg != "-m"]
     parsed = OverridesParser.create().parse_overrides(overrides)
-    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-              else [o.input_line] for o in parsed]
+    values = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+        for o in parsed
+    ]
     first = [options[0] for options in values]
     longest = max(len(options) for options in values)
     every = [[options[min(i, len(options) - 1)] for options in values] for i in range(longest)]
@@ -153,15 +198,16 @@ def test_readme_command(command, workspace):
 
 def compose_config(overrides: list[str]) -> None:
     """Compose ``overrides`` as ``python -m lra.train`` would, hydra's own settings included."""
-    from hydra import compose, initialize_config_dir
+    from lra import config
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        compose("config", overrides=overrides, return_hydra_config=True)
+    config.compose(overrides, return_hydra_config=True)
 
 
 def test_sweep_lists_cover_every_value():
     first, every = sweep_lists(["-m", "task=listops,pathfinder", "attention=softmax,yoso_32", "seed=0,1,2", "trainer=gpu"])
     assert first == ["task=listops", "attention=softmax", "seed=0", "trainer=gpu"]
-    assert every == [["task=listops", "attention=softmax", "seed=0", "trainer=gpu"],
-                     ["task=pathfinder", "attention=yoso_32", "seed=1", "trainer=gpu"],
-                     ["task=pathfinder", "attention=yoso_32", "seed=2", "trainer=gpu"]]
+    assert every == [
+        ["task=listops", "attention=softmax", "seed=0", "trainer=gpu"],
+        ["task=pathfinder", "attention=yoso_32", "seed=1", "trainer=gpu"],
+        ["task=pathfinder", "attention=yoso_32", "seed=2", "trainer=gpu"],
+    ]

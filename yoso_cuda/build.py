@@ -136,7 +136,9 @@ def check_toolkit_version(toolkit: str) -> str | None:
             f"pip install torch --index-url https://download.pytorch.org/whl/cu{nvcc_major}{nvcc_minor}"
         )
     if f"{nvcc_major}.{nvcc_minor}" != ".".join(torch_cuda.split(".")[:2]):
-        return f"nvcc is CUDA {nvcc_major}.{nvcc_minor}, torch was built for CUDA {torch_cuda}: same major version, so this is fine"
+        return (
+            f"nvcc is CUDA {nvcc_major}.{nvcc_minor}, torch was built for CUDA {torch_cuda}: same major version, so this is fine"
+        )
     return None
 
 

@@ -58,8 +58,10 @@ class Verdict:
     def line(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
         if self.total_codes:
-            detail = (f"{self.differing_codes} of {self.total_codes} codes differ "
-                      f"(at most {1 - HASH_CODE_AGREEMENT:.1%} may, by rounding)")
+            detail = (
+                f"{self.differing_codes} of {self.total_codes} codes differ "
+                f"(at most {1 - HASH_CODE_AGREEMENT:.1%} may, by rounding)"
+            )
         elif self.comparisons:
             detail = f"max |error| {self.max_error:.2e} over {self.comparisons} comparisons"
         else:
@@ -77,8 +79,13 @@ def make_inputs(num_queries: int, num_keys: int, dim: int, tau: int, dtype: torc
     queries = F.normalize(torch.randn(batch, num_queries, dim, generator=generator), dim=-1)
     near = queries[:, torch.arange(num_keys) % num_queries]  # (B, nk, d)
     keys = F.normalize(near + 0.7 * torch.randn(batch, num_keys, dim, generator=generator), dim=-1)
-    signs = (torch.randint(0, 2, (batch, 3, reference.num_rotations(dim, NUM_HASHES, tau), reference.padded_dim(dim, tau)),
-                           generator=generator) * 2 - 1).float()
+    signs = (
+        torch.randint(
+            0, 2, (batch, 3, reference.num_rotations(dim, NUM_HASHES, tau), reference.padded_dim(dim, tau)), generator=generator
+        )
+        * 2
+        - 1
+    ).float()
     masks = []
     for n in (num_queries, num_keys):
         mask = torch.rand(batch, n, generator=generator) < 0.85
@@ -86,18 +93,23 @@ def make_inputs(num_queries: int, num_keys: int, dim: int, tau: int, dtype: torc
         mask[2] = False
         masks.append(mask)
     tensors = {
-        "queries": queries, "keys": keys, "signs": signs,
+        "queries": queries,
+        "keys": keys,
+        "signs": signs,
         "query_codes": reference.hash_codes(queries, signs, NUM_HASHES, tau),
         "key_codes": reference.hash_codes(keys, signs, NUM_HASHES, tau),
-        "query_mask": masks[0], "key_mask": masks[1],
+        "query_mask": masks[0],
+        "key_mask": masks[1],
         "query_weights": torch.randn(batch, num_queries, dim, generator=generator),
         "key_weights": torch.randn(batch, num_keys, dim, generator=generator),
         "values": torch.randn(batch, num_keys, dim, generator=generator),
         "grad": torch.randn(batch, num_queries, dim, generator=generator),
     }
     # Every float input in the dtype under test; the signs (+-1) stay float32 as hash_codes requires.
-    return {name: t.to(device=device, dtype=dtype) if t.is_floating_point() and name != "signs" else t.to(device)
-            for name, t in tensors.items()}
+    return {
+        name: t.to(device=device, dtype=dtype) if t.is_floating_point() and name != "signs" else t.to(device)
+        for name, t in tensors.items()
+    }
 
 
 def raw_op_calls(c: dict, tau: int) -> dict[str, tuple]:

@@ -122,8 +122,16 @@ def _register_autograd() -> None:
         grad_qw = yoso.lsh_weighted_cumulation(*queries, grad, *keys, values, key_weights, tau)
         grad_kw = yoso.lsh_weighted_cumulation(*keys, values, *queries, grad, query_weights, tau)
         grad_v = yoso.lsh_weighted_cumulation(*keys, key_weights, *queries, query_weights, grad, tau)
-        return (None, None, grad_qw.to(query_weights.dtype), None, None, grad_kw.to(key_weights.dtype),
-                grad_v.to(values.dtype), None)
+        return (
+            None,
+            None,
+            grad_qw.to(query_weights.dtype),
+            None,
+            None,
+            grad_kw.to(key_weights.dtype),
+            grad_v.to(values.dtype),
+            None,
+        )
 
     def weighted_both_backward(ctx, grad_query_out, grad_key_out):
         # query_out_i = sum_j s_ij kv_j and key_out_j = sum_i s_ij qv_i with s_ij = (1/m) sum_h [collide] qw_i . kw_j.
@@ -136,8 +144,17 @@ def _register_autograd() -> None:
         pair_qw = torch.cat([grad_query_out.float(), qv.float()], dim=-1)  # (B, nq, c_kv + c_qv)
         pair_kw = torch.cat([kv.float(), grad_key_out.float()], dim=-1)  # (B, nk, c_kv + c_qv)
         grad_qw, grad_kw = yoso.lsh_weighted_cumulation_both(*queries, pair_qw, qw, *keys, pair_kw, kw, tau)
-        return (None, None, grad_qw.to(qw.dtype), grad_qv.to(qv.dtype), None, None, grad_kw.to(kw.dtype),
-                grad_kv.to(kv.dtype), None)
+        return (
+            None,
+            None,
+            grad_qw.to(qw.dtype),
+            grad_qv.to(qv.dtype),
+            None,
+            None,
+            grad_kw.to(kw.dtype),
+            grad_kv.to(kv.dtype),
+            None,
+        )
 
     def collided_gradient_backward(ctx, grad):
         raise NotImplementedError(
@@ -177,7 +194,15 @@ def lsh_weighted_cumulation(
 
 
 def lsh_weighted_cumulation_both(
-    query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits,
+    query_codes,
+    query_mask,
+    query_weights,
+    query_values,
+    key_codes,
+    key_mask,
+    key_weights,
+    key_values,
+    hash_bits,
     backend: Backend = "auto",
 ):
     args = (query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits)
@@ -187,7 +212,15 @@ def lsh_weighted_cumulation_both(
 
 
 def lsh_collided_gradient(
-    query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits,
+    query_codes,
+    query_mask,
+    query_vectors,
+    query_weights,
+    key_codes,
+    key_mask,
+    key_vectors,
+    key_weights,
+    hash_bits,
     backend: Backend = "auto",
 ):
     args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)

@@ -99,7 +99,9 @@ def check_codes_in_range(query_codes: torch.Tensor, key_codes: torch.Tensor, has
     """Reject a code outside [0, 2^hash_bits), in the words of the compiled kernels (csrc/checks.h)."""
     for name, codes in (("query_codes", query_codes), ("key_codes", key_codes)):
         if bool(((codes >> hash_bits) != 0).any()):  # negative codes too: >> keeps their sign bits
-            raise ValueError(f"{name} holds hash codes outside [0, 2^{hash_bits}): codes must come from hash_codes with the same hash_bits")
+            raise ValueError(
+                f"{name} holds hash codes outside [0, 2^{hash_bits}): codes must come from hash_codes with the same hash_bits"
+            )
 
 
 def _bucket_ids(codes: torch.Tensor, hash_bits: int) -> torch.Tensor:
@@ -229,7 +231,9 @@ def lsh_weighted_cumulation_both(
     s_ij query_values_i`` per key (YOSO's lower-bound grad Q and grad K)."""
     return (
         lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, key_values, hash_bits),
-        lsh_weighted_cumulation(key_codes, key_mask, key_weights, query_codes, query_mask, query_weights, query_values, hash_bits),
+        lsh_weighted_cumulation(
+            key_codes, key_mask, key_weights, query_codes, query_mask, query_weights, query_values, hash_bits
+        ),
     )
 
 

@@ -13,9 +13,9 @@ between its two output rows. The claim under test: the error grows only logarith
 Where Q, K, V come from:
 
 * ``--run DIR`` (a finished ``python -m lra.train`` folder): the classifier is rebuilt from its
-  ``results.json`` and the shapes in its best checkpoint (``DIR/checkpoints/best-*.ckpt``, else
-  the path ``results.json`` records), and test-split samples of the run's data cache go through
-  it, in order, with a hook capturing each layer's core-attention inputs. ``--checkpoint CKPT``
+  best checkpoint alone (``LRAClassificationModule.load_from_checkpoint``; ``DIR/checkpoints/best-*.ckpt``,
+  else the path ``results.json`` records), and test-split samples of the run's data cache (which
+  ``results.json`` names) go through it, in order, with a hook capturing each layer's core-attention inputs. ``--checkpoint CKPT``
   does the same with that checkpoint file; the run folder is the one holding its ``checkpoints/``.
   Any attention's model works (only its q, k, v are used); a YOSO model is the paper's setting.
   Per (layer, head), the real (unpadded) tokens of consecutive samples are concatenated into one
@@ -29,8 +29,8 @@ Where Q, K, V come from:
   not the paper's setting.
 
 tau (``hash_bits``) is the same for every n: ``--hash-bits`` if given, else the trained YOSO
-model's own (its ``hash_bits``, or ``ceil(log2(model seq_len))`` when unset, the rule of
-``attention_zoo/yoso.py``), else 8 (random vectors, or a model whose attention is not YOSO). Hashes
+model's own (read from its built attention), else 8 (random vectors, or a model whose attention is
+not YOSO). Hashes
 use YOSO's default fast Hadamard rotation; ``torch.manual_seed(seed)`` precedes every YOSO-m call
 (seeds 0 .. ``--seeds``-1).
 
@@ -45,16 +45,15 @@ differ), seq_len, num_hashes, hash_bits, mean_angle_rad (over layers, heads, win
 std_angle_rad (population std over those layer x head x window x seed units), zero_row_fraction,
 colliding_angle_rad (the mean angle over the rows that had a collision, which tells the two kinds
 of error apart), layers, heads, samples, seeds, device, torch. ``<out>/approx_error.png`` plots
-the mean angle, the colliding rows' angle and the zero-row fraction against n (log x), one line per m. The summary printed per m gives, for the mean
-angle and for the colliding rows' angle, the least-squares slope on log2 n (radians per doubling
-of n) and the growth angle(n_max)/angle(n_min) beside n_max/n_min, and the zero-row fractions at
-both ends.
+the mean angle, the colliding rows' angle and the zero-row fraction against n (log x), one line per m.
+The summary printed per m gives, for the mean angle and for the colliding rows' angle, the
+least-squares slope on log2 n (radians per doubling of n) and the growth angle(n_max)/angle(n_min)
+beside n_max/n_min, and the zero-row fractions at both ends.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import textwrap
@@ -65,21 +64,34 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from tqdm import tqdm
 
 import attention_zoo
-from attention_zoo.yoso import MAX_HASH_BITS
+from attention_zoo.yoso import MAX_HASH_BITS, YosoAttention
+from lra.bench.output import RESULTS, write_csv
 from lra.data import cache
 from lra.data.tasks import TokenDataset, get_spec
-from lra.model import LRAClassifier, LRADualClassifier, LRAEncoder
+from lra.model import LRAEncoder
+from lra.module import LRAClassificationModule
 from lra.results import RESULTS_FILE, device_name
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS = REPO_ROOT / "results"
 FIELDS = [
-    "source", "task", "attention", "seq_len", "num_hashes", "hash_bits", "mean_angle_rad", "std_angle_rad",
-    "zero_row_fraction", "colliding_angle_rad", "layers", "heads", "samples", "seeds", "device", "torch",
+    "source",
+    "task",
+    "attention",
+    "seq_len",
+    "num_hashes",
+    "hash_bits",
+    "mean_angle_rad",
+    "std_angle_rad",
+    "zero_row_fraction",
+    "colliding_angle_rad",
+    "layers",
+    "heads",
+    "samples",
+    "seeds",
+    "device",
+    "torch",
 ]
 RANDOM_SOURCE = "random_unit_vectors"
 RANDOM_LAYERS, RANDOM_HEADS, RANDOM_HEAD_DIM = 2, 2, 32
@@ -87,7 +99,11 @@ DEFAULT_HASH_BITS = 8  # tau for random vectors and for models whose attention i
 FORWARD_BATCH = 8  # test samples per forward pass while capturing
 
 
-class NotEnoughTokens(ValueError):
+class UnusableRun(ValueError):
+    """The run cannot give the Q, K, V asked for; the message says why and what to do."""
+
+
+class NotEnoughTokens(UnusableRun):
     """The run's test split holds fewer real tokens than the requested windows need."""
 
 
@@ -128,9 +144,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         )
     path = run_dir / RESULTS_FILE
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: {run_dir} is not a training run folder (`python -m lra.train` writes one)"
-        )
+        raise FileNotFoundError(f"{path} is missing: {run_dir} is not a training run folder (`python -m lra.train` writes one)")
     return json.loads(path.read_text())
 
 
@@ -156,53 +170,15 @@ def best_checkpoint(run_dir: Path, record: dict[str, Any]) -> Path:
     )
 
 
-def rebuild_classifier(record: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """The run's classifier with its weights: sizes from results.json, the rest from the weights' shapes."""
-    model = record["model"]
-    vocab_size, dim = state_dict["encoder.token_embedding.weight"].shape
-    seq_len = state_dict["encoder.position_embedding.weight"].shape[0]
-    num_classes = state_dict["head.2.weight"].shape[0]
-    encoder = LRAEncoder(
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        attention=record["attention"],
-        attention_hparams=record.get("attention_hparams") or {},
-        dim=dim,
-        depth=model["depth"],
-        num_heads=model["num_heads"],
-        head_dim=model["head_dim"],
-        ffn_dim=model["ffn_dim"],
-        dropout=model["dropout"],
-        attention_in_fp32=model["attention_in_fp32"],
-    )
-    dual = len(get_spec(record["task"]).inputs) == 2
-    classifier_class = LRADualClassifier if dual else LRAClassifier
-    classifier = classifier_class(num_classes, encoder, hidden_dim=model["head_hidden_dim"])
-    classifier.load_state_dict(state_dict)
-    return classifier.eval()
-
-
 def data_cache_folder(run_dir: Path, record: dict[str, Any]) -> Path:
-    """The run's prepared data: ``data_folder`` is relative to where training started (usually the repo root)."""
-    recorded = Path(record["data_folder"])
-    candidates = [recorded] if recorded.is_absolute() else [Path.cwd() / recorded, REPO_ROOT / recorded]
-    for folder in candidates:
-        if (folder / cache.MANIFEST).is_file():
-            return folder
+    """The run's prepared data: ``data_folder`` is relative to the folder training started in."""
+    folder = Path(record["data_folder"])
+    if (folder / cache.MANIFEST).is_file():
+        return folder
     raise FileNotFoundError(
-        f"the data cache of {run_dir} ({recorded}) was not found in {', '.join(map(str, candidates))}: run this "
-        f"from the folder training started in, or prepare the {record['task']} data again "
-        "(`python -m lra.data prepare`)"
+        f"the data cache of {run_dir} ({folder}) was not found from {Path.cwd()}: run this from the folder "
+        f"training started in, or prepare the {record['task']} data again (`python -m lra.data prepare`)"
     )
-
-
-def token_offset(run_dir: Path, task: str) -> int:
-    """Pixel tasks trained with ``pixel_zero_is_padding: false`` shifted every id by one (lra.data.tasks)."""
-    if not get_spec(task).pixels:
-        return 0
-    config_path = run_dir / ".hydra" / "config.yaml"
-    data = yaml.safe_load(config_path.read_text())["task"]["data"] if config_path.is_file() else {}
-    return 0 if data.get("pixel_zero_is_padding", True) else 1
 
 
 def capture_vectors(encoder: LRAEncoder, dataset: TokenDataset, input_name: str, num_tokens: int, device: torch.device):
@@ -250,38 +226,45 @@ def capture_vectors(encoder: LRAEncoder, dataset: TokenDataset, input_name: str,
     )
 
 
-def trained_vectors(
-    run_dir: Path, checkpoint: Path | None, num_tokens: int, samples: int, device: torch.device
-) -> Vectors:
+def trained_vectors(run_dir: Path, checkpoint: Path | None, num_tokens: int, samples: int, device: torch.device) -> Vectors:
     if checkpoint is not None and not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} does not exist; pass a .ckpt file of a training run")
     record = read_run(run_dir)
     if checkpoint is None:
         checkpoint = best_checkpoint(run_dir, record)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    classifier = rebuild_classifier(record, {key.removeprefix("model."): value for key, value in state.items()})
-    encoder = classifier.encoder.to(device)
+    try:
+        module = LRAClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    except TypeError as error:  # no task, length, model or attention among its hyperparameters
+        raise UnusableRun(
+            f"{checkpoint} does not hold the model's settings ({error}); it was written by an older version of "
+            "`python -m lra.train`: train the run again"
+        ) from None
+    encoder = module.model.encoder.to(device)
+    spec = get_spec(module.hparams.task)
     splits, _ = cache.load(data_cache_folder(run_dir, record))
-    dataset = TokenDataset(splits["test"], encoder.seq_len, token_offset(run_dir, record["task"]))
+    dataset = TokenDataset(splits["test"], encoder.seq_len, spec.token_offset(record.get("data") or {}))
     # A YOSO-m model hashes at random in its own forward, and later layers' inputs depend on it.
     torch.manual_seed(0)
     with torch.no_grad():
         # Retrieval's dual encoder reads its first documents only.
-        streams = capture_vectors(encoder, dataset, get_spec(record["task"]).inputs[0], num_tokens * samples, device)
+        streams = capture_vectors(encoder, dataset, spec.inputs[0], num_tokens * samples, device)
     layers, heads, _, dim = streams[0].shape
     queries, keys, values = (
         stream.view(layers, heads, samples, num_tokens, dim).transpose(1, 2)  # (layers, samples, h, n, d)
         for stream in streams
     )
-    attention = record["attention"]
+    attention = module.hparams.attention["name"]
     row = record.get("row")
-    model_hash_bits = None
-    if attention == "yoso":
-        hash_bits = (record.get("attention_hparams") or {}).get("hash_bits")
-        model_hash_bits = hash_bits or max(1, math.ceil(math.log2(encoder.seq_len)))
+    core = encoder.blocks[0].attention.attention
+    model_hash_bits = core.hash_bits if isinstance(core, YosoAttention) else None
     return Vectors(
-        queries, keys, values, source=f"checkpoint:{display_path(checkpoint)}", task=record["task"],
-        attention=attention if not row or row == attention else f"{attention} ({row})", model_hash_bits=model_hash_bits,
+        queries,
+        keys,
+        values,
+        source=f"checkpoint:{display_path(checkpoint)}",
+        task=module.hparams.task,
+        attention=attention if not row or row == attention else f"{attention} ({row})",
+        model_hash_bits=model_hash_bits,
     )
 
 
@@ -403,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=4, help="disjoint token windows of max(--lengths) tokens")
     parser.add_argument("--hash-bits", type=int, default=None, help="tau; default: the trained YOSO model's, else 8")
     parser.add_argument("--device", default="cpu", help="where the model and YOSO run: cpu or cuda (default: cpu)")
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for approx_error.csv and .png (default: the repository's results/)")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="folder for approx_error.csv and .png (default: results/ in the current folder)"
+    )
     return parser
 
 
@@ -429,31 +413,41 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.run if args.run is not None else args.checkpoint.parent
             run_dir = run_dir.parent if run_dir.name == "checkpoints" else run_dir
             vectors = trained_vectors(run_dir, args.checkpoint, max(lengths), args.samples, device)
-    except (FileNotFoundError, NotEnoughTokens) as error:
+    except (FileNotFoundError, UnusableRun) as error:
         parser.error(str(error))
     hash_bits = args.hash_bits or vectors.model_hash_bits or DEFAULT_HASH_BITS
     layers, _, heads, _, dim = vectors.queries.shape
-    print(f"Q, K, V: {vectors.source} (task {vectors.task}, attention {vectors.attention}); {layers} layers x "
-          f"{heads} heads, d={dim}; tau={hash_bits}; torch {torch.__version__} on {device_name(device)}")
+    print(
+        f"Q, K, V: {vectors.source} (task {vectors.task}, attention {vectors.attention}); {layers} layers x "
+        f"{heads} heads, d={dim}; tau={hash_bits}; torch {torch.__version__} on {device_name(device)}"
+    )
 
     tallies = measure(vectors, lengths, hashes, args.seeds, hash_bits, device)
     rows = []
     for (n, m), tally in tallies.items():
         unit_angles = torch.cat(tally.unit_angles)  # (layers * seeds * samples * h,)
-        rows.append(dict(
-            source=vectors.source, task=vectors.task, attention=vectors.attention, seq_len=n, num_hashes=m,
-            hash_bits=hash_bits, mean_angle_rad=unit_angles.mean().item(),
-            std_angle_rad=unit_angles.std(correction=0).item(), zero_row_fraction=tally.zero_rows / tally.rows,
-            colliding_angle_rad=tally.colliding_angle(),
-            layers=layers, heads=heads, samples=args.samples, seeds=args.seeds, device=device_name(device),
-            torch=torch.__version__,
-        ))
-    args.out.mkdir(parents=True, exist_ok=True)
+        rows.append(
+            dict(
+                source=vectors.source,
+                task=vectors.task,
+                attention=vectors.attention,
+                seq_len=n,
+                num_hashes=m,
+                hash_bits=hash_bits,
+                mean_angle_rad=unit_angles.mean().item(),
+                std_angle_rad=unit_angles.std(correction=0).item(),
+                zero_row_fraction=tally.zero_rows / tally.rows,
+                colliding_angle_rad=tally.colliding_angle(),
+                layers=layers,
+                heads=heads,
+                samples=args.samples,
+                seeds=args.seeds,
+                device=device_name(device),
+                torch=torch.__version__,
+            )
+        )
     path = args.out / "approx_error.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, path, FIELDS)
     if vectors.source == RANDOM_SOURCE:
         source_label = f"{RANDOM_SOURCE} (stand-ins, not a trained model's Q, K, V)"
     else:

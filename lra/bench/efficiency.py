@@ -8,9 +8,10 @@ random tokens without padding, for each sequence length and each attention::
     python -m lra.bench efficiency [--device cpu|cuda] [--lengths 512 1024 ...] [--attentions softmax yoso_32 ...]
         [--precision 32|bf16-mixed] [--batch N] [--repeats R] [--out results]
 
-Attentions are the rows of Table 3, one per ``conf/attention/<row>.yaml`` preset, plus every
-registered attention no preset uses (with its defaults), so a new attention appears without code
-changes. YOSO's tau is log2 n, as in the paper's profile (its presets leave ``hash_bits`` unset).
+Attentions are the options of the ``attention`` config group, one per ``conf/attention/<row>.yaml``
+(the rows of Table 3 and any preset a user adds), composed through Hydra, plus every registered
+attention no option uses (with its defaults), so a new attention appears without code changes.
+YOSO's tau is log2 n, as in the paper's profile (its presets leave ``hash_bits`` unset).
 
 Batch: on a GPU, the largest power of two that fits (doubling from 1 until out of memory, capped
 at ``--max-batch-tokens`` tokens), as the original ``profile_seq_len_max_batch.py``; on a CPU, a
@@ -31,11 +32,9 @@ cell, so an interrupted run keeps what it measured) and a log-log figure of time
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import resource
 import statistics
-import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,22 +42,34 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import attention_zoo
-from lra.model import LRAClassifier, LRAEncoder
-from lra.bench.measure import MemoryMeter, proc_status_mb, proc_value_mb, synchronize
+from lra import config
+from lra.bench.measure import MemoryMeter, proc_status_mb, proc_value_mb, synchronize, time_calls
+from lra.bench.output import RESULTS, write_csv
+from lra.data.tasks import TaskSpec
+from lra.model import AttentionConfig, LRAClassifier, ModelConfig, build_classifier
 from lra.results import device_name
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
-PRESETS = ROOT / "conf" / "attention"
-MODEL_CONFIG = ROOT / "conf" / "model" / "efficiency.yaml"
-VOCAB_SIZE, NUM_CLASSES = 512, 10  # the original profile's
+# The original profile's random tokens: a 512-token vocabulary, 10 classes, one input, no data files.
+PROFILE = TaskSpec("efficiency_profile", vocab_size=512, num_classes=10)
 FIELDS = [
-    "attention", "attention_name", "seq_len", "batch", "time_ms", "time_ms_std", "memory_mb", "status", "error",
-    "device", "torch", "dtype", "threads", "repeats",
+    "attention",
+    "attention_name",
+    "seq_len",
+    "batch",
+    "time_ms",
+    "time_ms_std",
+    "memory_mb",
+    "status",
+    "error",
+    "device",
+    "torch",
+    "dtype",
+    "threads",
+    "repeats",
 ]
 
 
@@ -71,24 +82,24 @@ class Entry:
     hparams: dict[str, Any] = field(default_factory=dict)
 
 
-def entries(presets_dir: Path = PRESETS) -> list[Entry]:
-    """Every preset in ``presets_dir``, then every registered attention that no preset builds."""
+def entries() -> list[Entry]:
+    """Every option of the ``attention`` config group, then every registered attention that no option builds."""
     found = []
-    for path in sorted(presets_dir.glob("*.yaml")):
-        preset = yaml.safe_load(path.read_text())
-        found.append(Entry(path.stem, preset["name"], preset.get("hparams") or {}))
+    for row in config.attention_rows():
+        attention = config.compose([f"attention={row}"]).attention
+        found.append(Entry(row, attention.name, OmegaConf.to_container(attention.hparams, resolve=True)))
     covered = {entry.name for entry in found}
     found += [Entry(name, name) for name in attention_zoo.available() if name not in covered]
     return found
 
 
-def build_model(entry: Entry, seq_len: int, model: dict[str, Any]) -> LRAClassifier:
-    encoder = LRAEncoder(
-        VOCAB_SIZE, seq_len, entry.name, entry.hparams, dim=model["dim"], depth=model["depth"],
-        num_heads=model["num_heads"], head_dim=model["head_dim"], ffn_dim=model["ffn_dim"], dropout=model["dropout"],
-        attention_in_fp32=model["attention_in_fp32"],
-    )
-    return LRAClassifier(NUM_CLASSES, encoder, hidden_dim=model["head_hidden_dim"])
+def profile_model() -> ModelConfig:
+    """The paper's profiling model, ``conf/model/efficiency.yaml``."""
+    return ModelConfig.from_dict(OmegaConf.to_container(config.compose(["model=efficiency"]).model, resolve=True))
+
+
+def build_model(entry: Entry, seq_len: int, model: ModelConfig) -> LRAClassifier:
+    return build_classifier(PROFILE, seq_len, model, AttentionConfig(entry.name, entry.hparams))
 
 
 @contextmanager
@@ -120,8 +131,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def training_step(model: LRAClassifier, batch: int, seq_len: int, device: torch.device, precision: str) -> None:
-    tokens = torch.randint(1, VOCAB_SIZE, (batch, seq_len), device=device)  # (b, n), no padding
-    labels = torch.randint(0, NUM_CLASSES, (batch,), device=device)
+    tokens = torch.randint(1, PROFILE.vocab_size, (batch, seq_len), device=device)  # (b, n), no padding
+    labels = torch.randint(0, PROFILE.num_classes, (batch,), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
     model.zero_grad(set_to_none=True)
     with autocast:
@@ -149,7 +160,7 @@ def largest_batch(model, seq_len: int, device: torch.device, precision: str, max
     return fits
 
 
-def measure_cell(entry: Entry, seq_len: int, args, model_config: dict[str, Any]) -> dict[str, Any]:
+def measure_cell(entry: Entry, seq_len: int, args, model_config: ModelConfig) -> dict[str, Any]:
     """Build the model for ``entry`` at ``seq_len`` and time its training step; the CSV row's measured part."""
     device = torch.device(args.device)
     meter = MemoryMeter(device)
@@ -163,12 +174,10 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: dict[str, Any])
     training_step(model, batch, seq_len, device, args.precision)  # warm-up
     synchronize(device)
     meter.reset_peak()
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        training_step(model, batch, seq_len, device, args.precision)
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3 / batch)
+    times = [
+        ms / batch
+        for ms in time_calls(lambda: training_step(model, batch, seq_len, device, args.precision), device, args.repeats)
+    ]
     memory = meter.peak_above_baseline() / batch
     return {
         "batch": batch,
@@ -180,8 +189,8 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: dict[str, Any])
 
 def run_grid(args) -> list[dict[str, Any]]:
     device = torch.device(args.device)
-    model_config = yaml.safe_load(MODEL_CONFIG.read_text())
-    selected = entries(args.presets)
+    model_config = profile_model()
+    selected = entries()
     if args.attentions:
         known = {entry.row for entry in selected}
         unknown = sorted(set(args.attentions) - known)
@@ -189,20 +198,31 @@ def run_grid(args) -> list[dict[str, Any]]:
             raise SystemExit(f"unknown attention(s) {unknown}; available: {', '.join(sorted(known))}")
         selected = [entry for entry in selected if entry.row in args.attentions]
     common = {
-        "device": device_name(device), "torch": torch.__version__,
+        "device": device_name(device),
+        "torch": torch.__version__,
         "dtype": "bfloat16 autocast (attention in float32)" if args.precision == "bf16-mixed" else "float32",
-        "threads": torch.get_num_threads() if device.type == "cpu" else "", "repeats": args.repeats,
+        "threads": torch.get_num_threads() if device.type == "cpu" else "",
+        "repeats": args.repeats,
     }
     path = args.out / f"efficiency_{device.type}.csv"
-    args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     grid = [(entry, n) for entry in selected for n in sorted(args.lengths)]
     out_of_memory_at: dict[str, int] = {}
     progress = tqdm(grid, desc="efficiency", unit="cell", disable=args.quiet)
     for entry, seq_len in progress:
         progress.set_postfix_str(f"{entry.row} n={seq_len}")
-        row = {"attention": entry.row, "attention_name": entry.name, "seq_len": seq_len, "batch": "",
-               "time_ms": math.nan, "time_ms_std": math.nan, "memory_mb": math.nan, "status": "ok", "error": "", **common}
+        row = {
+            "attention": entry.row,
+            "attention_name": entry.name,
+            "seq_len": seq_len,
+            "batch": "",
+            "time_ms": math.nan,
+            "time_ms_std": math.nan,
+            "memory_mb": math.nan,
+            "status": "ok",
+            "error": "",
+            **common,
+        }
         if entry.row in out_of_memory_at:
             row.update(status="out_of_memory", error=f"skipped: out of memory at n={out_of_memory_at[entry.row]}")
         else:
@@ -212,7 +232,8 @@ def run_grid(args) -> list[dict[str, Any]]:
                     row.update(measure_cell(entry, seq_len, args, model_config))
             except Exception as error:
                 oom = is_out_of_memory(error)
-                row.update(status="out_of_memory" if oom else "failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
+                error_line = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                row.update(status="out_of_memory" if oom else "failed", error=error_line)
                 if oom:
                     out_of_memory_at[entry.row] = seq_len
             finally:
@@ -224,20 +245,15 @@ def run_grid(args) -> list[dict[str, Any]]:
                 f"{entry.row:<16} n={seq_len:<6} batch={row['batch']!s:<5} {row['time_ms']:10.3f} ms/inst "
                 f"{row['memory_mb']:10.2f} MB/inst {row['status']} {row['error']}"
             )
-        write_csv(rows, path)
-    plot(rows, path.with_suffix(".png"), f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
-         + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"))
+        write_csv(rows, path, FIELDS)
+    plot(
+        rows,
+        path.with_suffix(".png"),
+        f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
+        + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"),
+    )
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return rows
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    partial = path.with_suffix(".csv.partial")
-    with open(partial, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    partial.replace(path)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -253,8 +269,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if not measured:
             continue
         lengths = [row["seq_len"] for row in measured]
-        style = {"marker": "o", "linestyle": "--" if attention == "none" else "-", "label": attention,
-                 "color": colors[(2 * index) % 20 + (2 * index) // 20 % 2]}
+        style = {
+            "marker": "o",
+            "linestyle": "--" if attention == "none" else "-",
+            "label": attention,
+            "color": colors[(2 * index) % 20 + (2 * index) // 20 % 2],
+        }
         time_axis.plot(lengths, [row["time_ms"] for row in measured], **style)
         memory_axis.plot(lengths, [row["memory_mb"] for row in measured], **style)
     for axis, label in ((time_axis, "time per instance (ms)"), (memory_axis, "peak memory per instance (MB)")):
@@ -274,26 +294,38 @@ def available_memory_mb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench efficiency", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda when a GPU is present)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when a GPU is present)",
+    )
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="default: 512..16384 on a GPU, 512..8192 on a CPU (powers of two)"
+    )
     parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
     parser.add_argument("--list", action="store_true", help="print the attentions the grid would run and exit")
-    parser.add_argument("--precision", choices=["32", "bf16-mixed"], default=None,
-                        help="default: bf16-mixed on a GPU, 32 on a CPU")
+    parser.add_argument(
+        "--precision", choices=["32", "bf16-mixed"], default=None, help="default: bf16-mixed on a GPU, 32 on a CPU"
+    )
     parser.add_argument("--batch", type=int, default=1, help="the batch on a CPU (a GPU uses the largest that fits)")
     parser.add_argument("--max-batch-tokens", type=int, default=2**20, help="GPU: cap on batch x sequence length")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell, after one warm-up step")
-    parser.add_argument("--memory-limit-mb", type=float, default=None,
-                        help="CPU: memory a cell may add (default: 90%% of what is available at start)")
-    parser.add_argument("--presets", type=Path, default=PRESETS, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for efficiency_<device>.csv and .png (default: the repository's results/)")
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=None,
+        help="CPU: memory a cell may add (default: 90%% of what is available at start)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="folder for efficiency_<device>.csv and .png (default: results/ in the current folder)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
     args = parser.parse_args(argv)
     if args.list:
-        for entry in entries(args.presets):
+        for entry in entries():
             print(f"{entry.row:<16} {entry.name:<14} {entry.hparams}")
         return 0
     device = torch.device(args.device)

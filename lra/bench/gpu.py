@@ -17,7 +17,7 @@ step that fails:
               each preset on the smoke ListOps (generated), outputs in a fresh folder
 ============  ================================================================================
 
-It writes into ``--out`` (default ``results/``): ``kernels_cuda.{csv,png}``,
+It writes into ``--out`` (default ``results/`` of the current folder): ``kernels_cuda.{csv,png}``,
 ``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, each step's full output in
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
@@ -48,17 +48,20 @@ from pathlib import Path
 
 import torch
 
+from lra import config
+from lra.bench.output import RESULTS, write_csv
 from lra.results import git_commit
 from yoso_cuda.build import cuda_toolkit
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
-PRESETS = ROOT / "conf" / "attention"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
 SUMMARY = "gpu_validation_cuda"
 CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
 TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a few steps
-    "trainer=gpu", "trainer.progress_bar=false",
-    "task.protocol.max_steps=60", "task.protocol.warmup_steps=6", "task.protocol.val_check_interval=30",
+    "trainer=gpu",
+    "trainer.enable_progress_bar=false",
+    "task.protocol.max_steps=60",
+    "task.protocol.warmup_steps=6",
+    "task.protocol.val_check_interval=30",
     "task.protocol.limit_val_batches=4",
 ]
 
@@ -90,7 +93,7 @@ def compute_sanitizer() -> str | None:
 
 
 def preset_names() -> list[str]:
-    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
+    return config.attention_rows()
 
 
 def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter: str | None = None) -> dict[str, Step]:
@@ -104,16 +107,78 @@ def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter
         Step("check", [python, "-m", "yoso_cuda", "--check"], 540),
         Step("tests", [python, *cuda_tests], 540),
         # API errors that torch provokes and handles itself (probing features) are not the kernels' bugs.
-        Step("memcheck", [sanitizer or "compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
-                          "--error-exitcode", "1", python, *cuda_tests], 570, unpooled, missing),
-        Step("racecheck", [sanitizer or "compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "1", python, *cuda_tests],
-             570, unpooled, missing),
-        Step("kernels", [python, "-m", "lra.bench", "kernels", "--device", "cuda", "--lengths", "1024", "4096", "16384",
-                         "65536", "--out", str(out)], 540),
-        Step("efficiency", [python, "-m", "lra.bench", "efficiency", "--device", "cuda", "--lengths", "512", "2048", "8192",
-                            "--repeats", "3", "--max-batch-tokens", str(2**18), "--quiet", "--out", str(out)], 540),
-        Step("train", [python, "-m", "lra.train", "-m", f"attention={','.join(preset_names())}", *TRAIN_OVERRIDES],
-             570, {"LRA_OUTPUT_DIR": str(train_dir)}),
+        Step(
+            "memcheck",
+            [
+                sanitizer or "compute-sanitizer",
+                "--tool",
+                "memcheck",
+                "--report-api-errors",
+                "no",
+                "--error-exitcode",
+                "1",
+                python,
+                *cuda_tests,
+            ],
+            570,
+            unpooled,
+            missing,
+        ),
+        Step(
+            "racecheck",
+            [sanitizer or "compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "1", python, *cuda_tests],
+            570,
+            unpooled,
+            missing,
+        ),
+        Step(
+            "kernels",
+            [
+                python,
+                "-m",
+                "lra.bench",
+                "kernels",
+                "--device",
+                "cuda",
+                "--lengths",
+                "1024",
+                "4096",
+                "16384",
+                "65536",
+                "--out",
+                str(out),
+            ],
+            540,
+        ),
+        Step(
+            "efficiency",
+            [
+                python,
+                "-m",
+                "lra.bench",
+                "efficiency",
+                "--device",
+                "cuda",
+                "--lengths",
+                "512",
+                "2048",
+                "8192",
+                "--repeats",
+                "3",
+                "--max-batch-tokens",
+                str(2**18),
+                "--quiet",
+                "--out",
+                str(out),
+            ],
+            540,
+        ),
+        Step(
+            "train",
+            [python, "-m", "lra.train", "-m", f"attention={','.join(preset_names())}", *TRAIN_OVERRIDES],
+            570,
+            {"LRA_OUTPUT_DIR": str(train_dir)},
+        ),
     ]
     for step in steps:
         step.env = {"YOSO_KERNELS": "require", "PYTHONUNBUFFERED": "1", **step.env}
@@ -129,7 +194,11 @@ def run_step(step: Step, log_path: Path) -> tuple[str, float]:
         log.write(f"$ {' '.join(step.command)}\n# env: {step.env}\n")
         log.flush()
         process = subprocess.Popen(
-            step.command, cwd=ROOT, env={**os.environ, **step.env}, stdout=log, stderr=subprocess.STDOUT,
+            step.command,
+            cwd=ROOT,
+            env={**os.environ, **step.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so a timeout stops its children too
         )
         try:
@@ -153,7 +222,11 @@ def last_match(pattern: str, text: str) -> str | None:
 def check_figures(log: str) -> list[str]:
     verdicts = re.findall(r"^(cpu|cuda)\s+(.+?)\s+(PASS|FAIL)\s+(.*)$", log, flags=re.MULTILINE)
     figures = [f"{sum(v[2] == 'PASS' for v in verdicts)} PASS, {sum(v[2] == 'FAIL' for v in verdicts)} FAIL"]
-    figures += [f"{device} {op}: {verdict} ({detail})" for device, op, verdict, detail in verdicts if device == "cuda" or verdict == "FAIL"]
+    figures += [
+        f"{device} {op}: {verdict} ({detail})"
+        for device, op, verdict, detail in verdicts
+        if device == "cuda" or verdict == "FAIL"
+    ]
     figures += [line for line in log.splitlines() if line.startswith(("cuda kernels:", "cpu kernels:"))]
     return figures
 
@@ -175,7 +248,13 @@ def kernels_figures(out: Path) -> list[str]:
     rows = read_csv(out / "kernels_cuda.csv")
     figures = []
     for dtype, head_dim in sorted({(r["dtype"], r["head_dim"]) for r in rows}):
-        timed = [r for r in rows if (r["dtype"], r["head_dim"]) == (dtype, head_dim) and r["pass"] == "forward+backward" and r["time_ms"] not in ("", "nan")]
+        timed = [
+            r
+            for r in rows
+            if (r["dtype"], r["head_dim"]) == (dtype, head_dim)
+            and r["pass"] == "forward+backward"
+            and r["time_ms"] not in ("", "nan")
+        ]
         yoso = [r for r in timed if r["method"] == "yoso_32"]
         if not yoso:
             figures.append(f"{dtype} d={head_dim}: yoso_32 did not run")
@@ -184,8 +263,9 @@ def kernels_figures(out: Path) -> list[str]:
         softmax = [r for r in timed if r["method"].startswith("softmax") and r["seq_len"] == longest["seq_len"]]
         best = min(softmax, key=lambda r: float(r["time_ms"]), default=None)
         against = f"{best['method']} {float(best['time_ms']):.2f} ms" if best else "no softmax backend ran"
-        figures.append(f"{dtype} d={head_dim} n={longest['seq_len']} forward+backward: yoso_32 {float(longest['time_ms']):.2f} ms, "
-                       f"{against}")
+        figures.append(
+            f"{dtype} d={head_dim} n={longest['seq_len']} forward+backward: yoso_32 {float(longest['time_ms']):.2f} ms, {against}"
+        )
     failed = sum(bool(r["error"]) for r in rows)
     return figures + [f"{len(rows)} rows, {failed} with an error (out of memory or a backend refusing the inputs)"]
 
@@ -195,14 +275,30 @@ def efficiency_figures(out: Path) -> list[str]:
     if not rows:
         return ["no rows"]
     longest = max(int(r["seq_len"]) for r in rows)
-    figures = [f"{r['attention']} n={longest}: {float(r['time_ms']):.3f} ms and {float(r['memory_mb']):.1f} MB per instance (batch {r['batch']})"
-               if r["status"] == "ok" else f"{r['attention']} n={longest}: {r['status']}"
-               for r in rows if int(r["seq_len"]) == longest]
+    figures = [
+        f"{r['attention']} n={longest}: {float(r['time_ms']):.3f} ms and {float(r['memory_mb']):.1f} MB per instance "
+        f"(batch {r['batch']})"
+        if r["status"] == "ok"
+        else f"{r['attention']} n={longest}: {r['status']}"
+        for r in rows
+        if int(r["seq_len"]) == longest
+    ]
     statuses = sorted({r["status"] for r in rows})
     return figures + ["cells: " + ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in statuses)]
 
 
-TRAIN_FIELDS = ["attention_preset", "attention", "status", "steps", "test_acc", "best_val_acc", "wall_time_s", "peak_memory_mb", "device", "error"]
+TRAIN_FIELDS = [
+    "attention_preset",
+    "attention",
+    "status",
+    "steps",
+    "test_acc",
+    "best_val_acc",
+    "wall_time_s",
+    "peak_memory_mb",
+    "device",
+    "error",
+]
 
 
 def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
@@ -212,12 +308,12 @@ def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
         found = sorted(train_dir.glob(f"*/{preset}/**/results.json"))
         record = json.loads(found[-1].read_text()) if found else {"status": "missing"}
         rows.append({"attention_preset": preset, **{key: record.get(key, "") for key in TRAIN_FIELDS[1:]}})
-    with open(out / "train_presets_cuda.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=TRAIN_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    figures = [f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "
-               f"{r['peak_memory_mb']} MB" + (f", error: {str(r['error'])[:200]}" if r["error"] else "") for r in rows]
+    write_csv(rows, out / "train_presets_cuda.csv", TRAIN_FIELDS)
+    figures = [
+        f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "
+        f"{r['peak_memory_mb']} MB" + (f", error: {str(r['error'])[:200]}" if r["error"] else "")
+        for r in rows
+    ]
     return figures, all(r["status"] == "finished" for r in rows)
 
 
@@ -256,9 +352,12 @@ def machine() -> dict[str, str]:
     }
     smi = shutil.which("nvidia-smi")
     if smi:
-        query = subprocess.run([smi, "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=60)
-        info["driver, GPU memory"] = query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else "unknown"
+        query = subprocess.run(
+            [smi, "--query-gpu=driver_version,memory.total", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
+        info["driver, GPU memory"] = (
+            query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else "unknown"
+        )
     toolkit = cuda_toolkit()
     if toolkit:
         version = subprocess.run([str(Path(toolkit) / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60)
@@ -272,9 +371,12 @@ def machine() -> dict[str, str]:
 
 def render(record: dict) -> str:
     """The markdown summary of a validation record."""
-    lines = ["# YOSO on a GPU: validation and benchmarks", "",
-             "Written by `python -m lra.bench gpu` (lra/bench/gpu.py); each step's full output is in "
-             f"`{SUMMARY}/<step>.log`.", ""]
+    lines = [
+        "# YOSO on a GPU: validation and benchmarks",
+        "",
+        f"Written by `python -m lra.bench gpu` (lra/bench/gpu.py); each step's full output is in `{SUMMARY}/<step>.log`.",
+        "",
+    ]
     lines += ["| | |", "| --- | --- |"] + [f"| {key} | {value} |" for key, value in record["machine"].items()] + [""]
     lines += ["| step | status | duration | command |", "| --- | --- | --- | --- |"]
     results = [StepResult(**result) for result in record["steps"].values()]
@@ -302,9 +404,18 @@ def load_record(out: Path, order: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench gpu", description=__doc__.split("\n\n")[0])
     names = list(plan(RESULTS, RESULTS))
-    parser.add_argument("--steps", default=",".join(names), help=f"comma-separated, in any order (run in this order): {','.join(names)}")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)")
+    parser.add_argument(
+        "--steps", default=",".join(names), help=f"comma-separated, in any order (run in this order): {','.join(names)}"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="folder for the results and the summary (default: results/ in the current folder)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)"
+    )
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = parser.parse_args(argv)
@@ -313,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not chosen:
         parser.error(f"unknown step(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(names)}")
     out = args.out.resolve()
-    train_dir = ROOT / "outputs" / "gpu_validation" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    train_dir = Path("outputs", "gpu_validation", datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
     steps = [step for name, step in plan(out, train_dir, args.timeout, args.pytest_filter).items() if name in chosen]
     if args.dry_run:
         for step in steps:
@@ -321,13 +432,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{step.name}] {' '.join(f'{k}={v}' for k, v in step.env.items())} {' '.join(step.command)}{note}")
         return 0
     if not torch.cuda.is_available():
-        print("No CUDA GPU is visible (torch.cuda.is_available() is False): this command validates YOSO's CUDA kernels on a GPU.\n"
-              "On a CPU, `python -m yoso_cuda --check` and `pytest` check the CPU kernels; `--dry-run` shows the steps.")
+        print(
+            "No CUDA GPU is visible (torch.cuda.is_available() is False): this command validates YOSO's CUDA kernels on a GPU.\n"
+            "On a CPU, `python -m yoso_cuda --check` and `pytest` check the CPU kernels; `--dry-run` shows the steps."
+        )
         return 2
     out.mkdir(parents=True, exist_ok=True)
     record = load_record(out, names)
     record["machine"] = machine()
-    print(f"GPU validation on {record['machine']['device']}, torch {torch.__version__}: steps {', '.join(s.name for s in steps)}", flush=True)
+    print(
+        f"GPU validation on {record['machine']['device']}, torch {torch.__version__}: steps {', '.join(s.name for s in steps)}",
+        flush=True,
+    )
     statuses = []
     for step in steps:
         log_path = out / SUMMARY / f"{step.name}.log"
@@ -339,15 +455,25 @@ def main(argv: list[str] | None = None) -> int:
             figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir)
             status = "failed" if status == "passed" and not holds else status
             log = str(log_path.relative_to(out))
-        result = StepResult(step.name, " ".join(step.command), status, round(duration, 1), figures, log,
-                            datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        result = StepResult(
+            step.name,
+            " ".join(step.command),
+            status,
+            round(duration, 1),
+            figures,
+            log,
+            datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
         statuses.append(status)
         record["steps"][step.name] = asdict(result)
         record["steps"] = {name: record["steps"][name] for name in names if name in record["steps"]}
         save(out, record)  # after every step, so an interrupted run keeps what it measured
         print(f"[{step.name}] {status} in {duration:.0f} s" + "".join(f"\n    {figure}" for figure in figures[:12]), flush=True)
         if status in ("failed", "timeout"):
-            print("    last lines of the log:\n" + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:]))
+            print(
+                "    last lines of the log:\n"
+                + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:])
+            )
     print(f"wrote {out / (SUMMARY + '.md')}")
     return 0 if all(status in ("passed", "skipped") for status in statuses) else 1
 

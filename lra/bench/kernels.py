@@ -22,22 +22,20 @@ head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log p
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import attention_zoo
-from lra.bench.measure import MemoryMeter, synchronize
-from lra.results import device_name
 import yoso_cuda
+from lra.bench.measure import MemoryMeter, synchronize, time_calls
+from lra.bench.output import RESULTS, write_csv
+from lra.results import device_name
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
 FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
 
 
@@ -60,12 +58,7 @@ def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
     synchronize(device)
     meter = MemoryMeter(device)
     meter.reset_peak()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
+    times = time_calls(run, device, repeats)
     return statistics.median(times), meter.peak_above_baseline()
 
 
@@ -85,9 +78,9 @@ def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, 
 
     else:
         backend = "reference" if method.endswith("reference") else "compiled"
-        attn = attention_zoo.build(
-            "yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32, backend=backend
-        ).to(device)
+        attn = attention_zoo.build("yoso", seq_len=length, num_heads=2, head_dim=head_dim, num_hashes=32, backend=backend).to(
+            device
+        )
 
         def forward():
             return attn(q, k, v)
@@ -102,26 +95,45 @@ def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lra.bench kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda when a GPU is present)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="sequence lengths (default: 1K..64K on a GPU, 1K..32K on a CPU)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when a GPU is present)",
+    )
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="sequence lengths (default: 1K..64K on a GPU, 1K..32K on a CPU)"
+    )
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64], help="head dims of q, k, v (default: 32 64)")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "float16", "bfloat16"],
-                        help="input dtypes (default: float32 bfloat16)")
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "float16", "bfloat16"],
+        help="input dtypes (default: float32 bfloat16)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up; the median is kept (default: 5)")
-    parser.add_argument("--reference-max-length", type=int, default=8192,
-                        help="longest length the slow pure-PyTorch reference runs at (default: 8192)")
-    parser.add_argument("--out", type=Path, default=RESULTS,
-                        help="folder for kernels_<device>.csv and .png (default: the repository's results/)")
+    parser.add_argument(
+        "--reference-max-length",
+        type=int,
+        default=8192,
+        help="longest length the slow pure-PyTorch reference runs at (default: 8192)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="folder for kernels_<device>.csv and .png (default: results/ in the current folder)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
     kernels = yoso_cuda.kernels()
     library = kernels.cuda if device.type == "cuda" else kernels.cpu
     if not yoso_cuda.has_kernel(device):
-        print(f"YOSO's {device.type} kernels are not built ({library.reason}), so there is nothing to benchmark; "
-              "`python -m yoso_cuda` shows the build")
+        print(
+            f"YOSO's {device.type} kernels are not built ({library.reason}), so there is nothing to benchmark; "
+            "`python -m yoso_cuda` shows the build"
+        )
         return 1
     print(f"torch {torch.__version__} on {device_name(device)}; YOSO's {library.describe()}")
     methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
@@ -136,8 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                     if method.endswith("reference") and length > args.reference_max_length:
                         continue
                     for backward in (False, True):
-                        row = dict(method=method, seq_len=length, head_dim=head_dim, dtype=dtype_name,
-                                   device=device_name(device), torch=torch.__version__, error="")
+                        row = dict(
+                            method=method,
+                            seq_len=length,
+                            head_dim=head_dim,
+                            dtype=dtype_name,
+                            device=device_name(device),
+                            torch=torch.__version__,
+                            error="",
+                        )
                         row["pass"] = "forward+backward" if backward else "forward"
                         try:
                             run = attention_call(method, length, head_dim, dtype, device, backward)
@@ -148,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
                         rows.append(row)
-                        print(f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<18} {row['pass']:<16} "
-                              f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}", flush=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+                        print(
+                            f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<18} {row['pass']:<16} "
+                            f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}",
+                            flush=True,
+                        )
+    write_csv(rows, path, FIELDS)
     plot(rows, args.out / f"kernels_{device.type}.png", f"{device_name(device)}, torch {torch.__version__}")
     print(f"wrote {path} ({platform.node()})")
     return 0
@@ -171,13 +190,24 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         for row_index, pass_name in enumerate(("forward", "forward+backward")):
             axis = axes[row_index][column]
             for method in sorted({r["method"] for r in rows}):
-                points = [(r["seq_len"], r["time_ms"]) for r in rows
-                          if r["method"] == method and r["pass"] == pass_name and r["dtype"] == dtype
-                          and r["head_dim"] == head_dim and not math.isnan(r["time_ms"])]
+                points = [
+                    (r["seq_len"], r["time_ms"])
+                    for r in rows
+                    if r["method"] == method
+                    and r["pass"] == pass_name
+                    and r["dtype"] == dtype
+                    and r["head_dim"] == head_dim
+                    and not math.isnan(r["time_ms"])
+                ]
                 if points:
                     axis.plot(*zip(*points), marker="o", label=method)
-            axis.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="time (ms)",
-                     title=f"{pass_name}, {dtype}, head dim {head_dim}")
+            axis.set(
+                xscale="log",
+                yscale="log",
+                xlabel="sequence length",
+                ylabel="time (ms)",
+                title=f"{pass_name}, {dtype}, head dim {head_dim}",
+            )
             axis.grid(True, which="both", alpha=0.3)
             axis.legend(fontsize=7)
     figure.suptitle(title)

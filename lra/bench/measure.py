@@ -1,4 +1,5 @@
-"""Measuring a block of work on a device: synchronising, and its peak memory above a baseline."""
+"""Measuring a block of work on a device: its time (one helper for every benchmark), synchronising, and its peak
+memory above a baseline."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import ctypes
 import gc
 import math
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,6 +19,17 @@ M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_calls(run: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``run``, the device synchronised after each (warm up first)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 class MemoryMeter:

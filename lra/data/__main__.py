@@ -21,27 +21,26 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import cache
 from .download import BASE_URL_ENV, DownloadError, download_tasks, human_bytes
 from .tasks import TASKS, prepare_task
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 def task_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
-    """The config training composes for ``task`` under the paper's protocol, resolved, with
-    ``paths.data_dir`` set to ``data_dir`` when given (as ``LRA_DATA_DIR=DIR`` would)."""
-    from hydra import compose, initialize_config_dir
+    """The ``task`` and ``paths`` sections training composes for ``task`` under the paper's protocol,
+    resolved, with ``paths.data_dir`` set to ``data_dir`` when given (as ``LRA_DATA_DIR=DIR`` would)."""
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={task}", "experiment=paper"])
+    from .. import config
+
+    cfg = config.compose([f"task={task}", "experiment=paper"])
     if data_dir is not None:
         cfg.paths.data_dir = str(data_dir)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return {part: OmegaConf.to_container(cfg[part], resolve=True) for part in ("task", "paths")}
 
 
 def task_data_config(task: str, data_dir: Path | None = None) -> dict[str, Any]:
@@ -67,8 +66,11 @@ def download(args: argparse.Namespace) -> None:
     configs = {task: task_config(task, args.dest) for task in tasks}
     data_dir = Path(configs[tasks[0]]["paths"]["data_dir"])
     prepared, errors = download_tasks(
-        {task: config["task"]["data"] for task, config in configs.items()}, data_dir / "downloads",
-        base_url=args.base_url, sha256=args.sha256, md5=args.md5,
+        {task: config["task"]["data"] for task, config in configs.items()},
+        data_dir / "downloads",
+        base_url=args.base_url,
+        sha256=args.sha256,
+        md5=args.md5,
     )
     train = "python -m lra.train" if args.dest is None else f"LRA_DATA_DIR={args.dest} python -m lra.train"
     for task, resolved in prepared.items():
@@ -131,8 +133,12 @@ def generate_listops(args: argparse.Namespace) -> None:
     from . import listops
 
     config = listops.GeneratorConfig(
-        num_train=args.num_train, num_val=args.num_val, num_test=args.num_test,
-        min_length=args.min_length, max_length=args.max_length, seed=args.seed,
+        num_train=args.num_train,
+        num_val=args.num_val,
+        num_test=args.num_test,
+        min_length=args.min_length,
+        max_length=args.max_length,
+        seed=args.seed,
     )
     if any(listops.split_path(args.out, split).exists() for split in listops.SPLITS):
         raise SystemExit(f"error: {args.out} already holds basic_*.tsv files; choose another --out")
@@ -155,14 +161,16 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser(
-        "download", help="download, verify, unpack and prepare tasks' official data",
+        "download",
+        help="download, verify, unpack and prepare tasks' official data",
         description="Download each task's official archive, verify it, unpack what the task needs into the folder "
         "training reads (task.data.source_dir under --dest) and prepare it; see lra/data/download.py.",
     )
     p.add_argument("tasks", nargs="+", choices=[*TASKS, "all"], metavar="TASK", help=f"{', '.join(TASKS)} or all")
     p.add_argument("--dest", type=Path, help="data folder (default: $LRA_DATA_DIR or data/, where training looks)")
     p.add_argument(
-        "--base-url", default=os.environ.get(BASE_URL_ENV) or None,
+        "--base-url",
+        default=os.environ.get(BASE_URL_ENV) or None,
         help=f"a mirror serving the same file names (default: ${BASE_URL_ENV}, else the official hosts)",
     )
     checksum = p.add_mutually_exclusive_group()
@@ -207,7 +215,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the generators' and the cache's progress lines
+    # The library's progress lines (downloads, generators, the cache) on stdout, with the results.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         args.run(args)
     except (FileNotFoundError, ValueError, cache.CacheError, DownloadError) as error:

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .formats import SPLITS, Prepared
+from .staging import staged_folder
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -119,9 +122,8 @@ def write(
 
     ``download`` describes the archive ``source`` was unpacked from (:mod:`lra.data.download`).
     """
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
+    # An outdated or corrupt cache is replaced; a concurrent preparation's complete one is as good as ours.
+    with staged_folder(folder, complete=lambda done: (done / MANIFEST).is_file(), replace=True) as staging:
         splits: dict[str, Any] = {}
         written: dict[int, str] = {}  # id(Split) -> the split it was stored as
         for split_name, split in prepared.splits.items():
@@ -144,15 +146,6 @@ def write(
         if download is not None:
             manifest["download"] = download
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if folder.exists():  # an outdated or corrupt cache being replaced
-            shutil.rmtree(folder)
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            if not (folder / MANIFEST).is_file():  # not a lost race with a concurrent preparation
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 
@@ -165,9 +158,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise CacheError(f"{path} is not valid JSON ({error}): the cache is corrupt") from None
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CacheError(
-            f"{path} has cache format {manifest.get('format_version')!r}, this version reads {FORMAT_VERSION}"
-        )
+        raise CacheError(f"{path} has cache format {manifest.get('format_version')!r}, this version reads {FORMAT_VERSION}")
     return manifest
 
 
@@ -209,9 +200,7 @@ def _open_array(folder: Path, entry: dict[str, Any]) -> np.ndarray:
     except (ValueError, OSError) as error:
         raise CacheError(f"{path} cannot be read as a .npy array ({error}): the cache is corrupt") from None
     if list(array.shape) != entry["shape"] or str(array.dtype) != entry["dtype"]:
-        raise CacheError(
-            f"{path} holds {array.dtype} {list(array.shape)}, its manifest says {entry['dtype']} {entry['shape']}"
-        )
+        raise CacheError(f"{path} holds {array.dtype} {list(array.shape)}, its manifest says {entry['dtype']} {entry['shape']}")
     return array
 
 
@@ -239,7 +228,6 @@ def prepare(
     read: Callable[[], Prepared],
     *,
     force: bool = False,
-    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Make ``folder`` hold the cache of ``source`` read by ``read``; return its manifest.
 
@@ -254,17 +242,17 @@ def prepare(
             manifest = read_manifest(folder)
             verify(folder, manifest, checksums=True)
         except CacheError as error:
-            log(f"Preparing {task} again: {error}")
+            log.info(f"Preparing {task} again: {error}")
         else:
             same_source = {k: manifest["source"].get(k) for k in fingerprint} == fingerprint
             if manifest["key"] == key and same_source:
                 return manifest
-            log(f"Preparing {task} again: the files in {source} changed since {folder} was prepared")
-    log(f"Preparing {task} from {source} into {folder}")
+            log.info(f"Preparing {task} again: the files in {source} changed since {folder} was prepared")
+    log.info(f"Preparing {task} from {source} into {folder}")
     start = time.perf_counter()
     manifest = write(folder, task, key, read(), source, fingerprint, read_download_record(source))
     sizes = ", ".join(f"{name} {entry['num_samples']}" for name, entry in manifest["splits"].items())
-    log(f"Prepared {task} ({sizes}) in {time.perf_counter() - start:.1f} s")
+    log.info(f"Prepared {task} ({sizes}) in {time.perf_counter() - start:.1f} s")
     return manifest
 
 

@@ -50,25 +50,29 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
 from . import image, listops, retrieval, text
 from .cache import DOWNLOAD_RECORD, CacheError
 from .formats import LRA_RELEASE_URL
+from .staging import staged_folder
 from .tasks import TASKS, Resolved, prepare_task
+
+log = logging.getLogger(__name__)
 
 BASE_URL_ENV = "LRA_DOWNLOAD_BASE_URL"
 CHUNK_BYTES = 1 << 20
@@ -92,13 +96,14 @@ class Archive:
 #: Keyed by the tasks' ``official_source`` label (lra.data.tasks.TASKS).
 ARCHIVES = {  # in the order `download all` fetches them: the small ones first
     # MD5 from torchtext (torchtext/datasets/imdb.py: MD5), which other IMDb loaders use as well.
-    "imdb": Archive(
-        "aclImdb_v1.tar.gz", text.IMDB_URL, md5="7c2ac02c03563afcf9b574c7e56c153a", published_by="torchtext"
-    ),
+    "imdb": Archive("aclImdb_v1.tar.gz", text.IMDB_URL, md5="7c2ac02c03563afcf9b574c7e56c153a", published_by="torchtext"),
     # MD5 from torchvision (torchvision/datasets/cifar.py: tgz_md5); the size is the official file's.
     "cifar10": Archive(
-        "cifar-10-python.tar.gz", image.CIFAR_URL, md5="c58f30108f718f92721af3b95e74349a",
-        num_bytes=170_498_071, published_by="torchvision",
+        "cifar-10-python.tar.gz",
+        image.CIFAR_URL,
+        md5="c58f30108f718f92721af3b95e74349a",
+        num_bytes=170_498_071,
+        published_by="torchvision",
     ),
     # Nothing published to check the release against (see the module doc for what is checked).
     "lra_release": Archive("lra_release.gz", LRA_RELEASE_URL),
@@ -116,6 +121,10 @@ class TaskFiles:
     @property
     def expected(self) -> tuple[str, ...]:
         return self.required or self.members
+
+    def present_in(self, folder: Path) -> bool:
+        """Whether ``folder`` holds every expected file (a concurrent download unpacked it first)."""
+        return all((folder / name).exists() for name in self.expected)
 
 
 # The release's folders are taken from lra_release/lra_release/, where LRA's own dataset_setup.sh
@@ -225,7 +234,7 @@ def _total_size(response: http.client.HTTPResponse, offset: int) -> int | None:
     return int(total) if total.isdigit() else None
 
 
-def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None:
+def fetch(url: str, target: Path) -> None:
     """Download ``url`` into ``target`` through ``target.part``, resuming with HTTP Range.
 
     Raises :class:`DownloadError` for an unreachable host, an HTTP error, a full disk, or a transfer
@@ -240,12 +249,12 @@ def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None
         except PartNotShorter as error:
             if error.total == offset:  # complete: an earlier run stopped before renaming it
                 break
-            log(f"{part} is longer than {url}: starting over")
+            log.info(f"{part} is longer than {url}: starting over")
             part.unlink()
             continue
         with response:
             if offset and response.status != 206:
-                log(f"{urllib.parse.urlsplit(url).netloc} does not resume downloads (no Range support): starting over")
+                log.info(f"{urllib.parse.urlsplit(url).netloc} does not resume downloads (no Range support): starting over")
                 offset = 0
             total = _total_size(response, offset)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +271,7 @@ def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None
                         f"are kept in {part}: run the same command again to resume"
                     ) from None
                 resumes += 1
-                log(f"The connection dropped after {human_bytes(received)} ({dropped}); resuming")
+                log.info(f"The connection dropped after {human_bytes(received)} ({dropped}); resuming")
             except OSError as error:
                 if error.errno != errno.ENOSPC:
                     raise
@@ -276,9 +285,10 @@ def fetch(url: str, target: Path, *, log: Callable[[str], None] = print) -> None
 def _copy_response(response: http.client.HTTPResponse, part: Path, offset: int, total: int | None, name: str) -> None:
     """Write the response body into ``part`` from ``offset`` on, with a progress bar (bytes, rate,
     time left); raise :class:`ConnectionDropped` when it stops short of ``total``."""
-    with open(part, "r+b" if offset else "wb") as out, tqdm(
-        total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=name, dynamic_ncols=True
-    ) as bar:
+    with (
+        open(part, "r+b" if offset else "wb") as out,
+        tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=name, dynamic_ncols=True) as bar,
+    ):
         out.truncate(offset)
         out.seek(offset)
         while True:
@@ -301,10 +311,17 @@ def _copy_response(response: http.client.HTTPResponse, part: Path, offset: int, 
 def file_digests(path: Path) -> tuple[str, str]:
     """MD5 and SHA-256 of ``path``, in one read with a progress bar."""
     md5, sha256 = hashlib.md5(), hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"checking {path.name}",
-        dynamic_ncols=True,
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"checking {path.name}",
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         while chunk := f.read(CHUNK_BYTES):
             md5.update(chunk)
             sha256.update(chunk)
@@ -319,9 +336,7 @@ def set_aside(path: Path) -> Path:
     return rejected
 
 
-def verify(
-    archive: Archive, path: Path, url: str, *, sha256: str | None = None, md5: str | None = None
-) -> dict[str, Any]:
+def verify(archive: Archive, path: Path, url: str, *, sha256: str | None = None, md5: str | None = None) -> dict[str, Any]:
     """Check ``path`` against the user's checksum or the published one; return its download record.
 
     A file that does not match is set aside (:func:`set_aside`) and a :class:`DownloadError` says so.
@@ -355,7 +370,11 @@ def verify(
             f"command with --sha256 {actual_sha256}"
         )
     return {
-        "file": archive.file, "url": url, "num_bytes": num_bytes, "md5": actual_md5, "sha256": actual_sha256,
+        "file": archive.file,
+        "url": url,
+        "num_bytes": num_bytes,
+        "md5": actual_md5,
+        "sha256": actual_sha256,
         "verified": verified,
     }
 
@@ -393,7 +412,7 @@ def relative_to_root(parts: tuple[str, ...], root: str) -> str | None:
     """``parts`` below the archive folder ``root``, as a relative path, or None when outside it."""
     root_parts = PurePosixPath(root).parts
     if len(parts) > len(root_parts) and parts[: len(root_parts)] == root_parts:
-        return "/".join(parts[len(root_parts):])
+        return "/".join(parts[len(root_parts) :])
     return None
 
 
@@ -418,10 +437,17 @@ def read_members(path: Path, stagings: dict[str, tuple[TaskFiles, Path]]) -> tup
     """
     counts = dict.fromkeys(stagings, 0)
     top_folders: set[str] = set()
-    with open(path, "rb") as raw, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"unpacking {path.name}",
-        dynamic_ncols=True,
-    ) as bar:
+    with (
+        open(path, "rb") as raw,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"unpacking {path.name}",
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         compressed = raw.read(2) == b"\x1f\x8b"  # the gzip magic; a plain tar is read as is
         raw.seek(0)
         reader: Any = ProgressReader(raw, bar)
@@ -447,8 +473,6 @@ def unpack(
     path: Path,
     targets: dict[str, tuple[TaskFiles, Path]],
     record: dict[str, Any],
-    *,
-    log: Callable[[str], None] = print,
 ) -> None:
     """Unpack each task's files (``targets``: task -> (files, source folder)) from the archive ``path``.
 
@@ -456,50 +480,48 @@ def unpack(
     destinations, renamed into place once the archive has been read to its end and every task's
     expected files are there.
     """
-    stagings: dict[str, tuple[TaskFiles, Path]] = {}
     created: list[Path] = []  # parent folders made here, removed again if nothing is unpacked
     unpacked = False
     try:
-        for task, (files, folder) in targets.items():
-            created += [parent for parent in reversed(folder.parents) if not parent.exists()]
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            stagings[task] = (files, Path(tempfile.mkdtemp(prefix=f".{folder.name}.unpacking-", dir=folder.parent)))
-        try:
-            counts, top_folders = read_members(path, stagings)
-        except Refused as refused:
-            rejected = set_aside(path)
-            raise DownloadError(
-                f"refused to unpack {path.name}: {refused}; the official archive has none, so this file is not it. "
-                f"Nothing was unpacked; the file is set aside as {rejected}"
-            ) from None
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # BadGzipFile is an OSError
-            rejected = set_aside(path)
-            raise DownloadError(
-                f"{path.name} is truncated or damaged ({type(error).__name__}: {error}). Nothing was unpacked; the "
-                f"file is set aside as {rejected}: run the command again to download it anew"
-            ) from None
-        for task, (files, staging) in stagings.items():
-            missing = [name for name in files.expected if not (staging / name).exists()]
-            if missing:
+        with ExitStack() as renamed_at_exit:  # every staging folder renamed into place, or none
+            stagings: dict[str, tuple[TaskFiles, Path]] = {}
+            for task, (files, folder) in targets.items():
+                created += [parent for parent in reversed(folder.parents) if not parent.exists()]
+                staging = renamed_at_exit.enter_context(staged_folder(folder, complete=files.present_in))
+                stagings[task] = (files, staging)
+            try:
+                counts, top_folders = read_members(path, stagings)
+            except Refused as refused:
+                rejected = set_aside(path)
                 raise DownloadError(
-                    f"{path.name} does not hold the {task} files where the official archive has them: "
-                    f"{', '.join(missing)} missing under {files.root}/ (the archive's top folders: "
-                    f"{', '.join(sorted(top_folders)[:12])}). It is not the official archive, or its layout "
-                    f"changed. Nothing was unpacked; {path} is kept"
-                )
-        for task, (files, staging) in stagings.items():
-            (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
-            os.rename(staging, targets[task][1])
-            unpacked = True
-            log(f"{task}: unpacked {counts[task]} files of {files.root}/ into {targets[task][1]}")
+                    f"refused to unpack {path.name}: {refused}; the official archive has none, so this file is not it. "
+                    f"Nothing was unpacked; the file is set aside as {rejected}"
+                ) from None
+            except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # BadGzipFile is an OSError
+                rejected = set_aside(path)
+                raise DownloadError(
+                    f"{path.name} is truncated or damaged ({type(error).__name__}: {error}). Nothing was unpacked; the "
+                    f"file is set aside as {rejected}: run the command again to download it anew"
+                ) from None
+            for task, (files, staging) in stagings.items():
+                missing = [name for name in files.expected if not (staging / name).exists()]
+                if missing:
+                    raise DownloadError(
+                        f"{path.name} does not hold the {task} files where the official archive has them: "
+                        f"{', '.join(missing)} missing under {files.root}/ (the archive's top folders: "
+                        f"{', '.join(sorted(top_folders)[:12])}). It is not the official archive, or its layout "
+                        f"changed. Nothing was unpacked; {path} is kept"
+                    )
+                (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
+        unpacked = True
+        for task, (files, folder) in targets.items():
+            log.info(f"{task}: unpacked {counts[task]} files of {files.root}/ into {folder}")
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise
         folder = next(iter(targets.values()))[1].parent
         raise DownloadError(f"{disk_full_message(folder, None)}. Nothing was unpacked; {path} is kept") from None
     finally:
-        for _, staging in stagings.values():
-            shutil.rmtree(staging, ignore_errors=True)
         if not unpacked:
             for parent in reversed(created):  # deepest first; a folder that is not empty stays
                 try:
@@ -525,7 +547,6 @@ def download_archive(
     base_url: str | None = None,
     sha256: str | None = None,
     md5: str | None = None,
-    log: Callable[[str], None] = print,
 ) -> dict[str, Resolved]:
     """Download, verify and unpack ``archive`` for the tasks in ``configs`` (task -> its
     ``task.data`` section) whose source folder is missing, then prepare every one of them."""
@@ -533,32 +554,34 @@ def download_archive(
     for task, data in configs.items():
         folder = Path(data["source_dir"])
         if folder.is_dir():
-            log(f"{task}: {folder} is already there, not downloading it again")
+            log.info(f"{task}: {folder} is already there, not downloading it again")
         else:
             targets[task] = (TASK_FILES[task], folder)
     if targets:
         path = downloads / archive.file
         url = archive_url(archive, base_url)
         if path.is_file():
-            log(f"Using {path}, downloaded earlier")
+            log.info(f"Using {path}, downloaded earlier")
             url = _archive_of(path, url)
         else:
-            log(f"Downloading {url}")
-            fetch(url, path, log=log)
+            log.info(f"Downloading {url}")
+            fetch(url, path)
             path.with_name(path.name + ".url").write_text(url + "\n")
         record = verify(archive, path, url, sha256=sha256, md5=md5)
-        unpack(path, targets, record, log=log)
+        unpack(path, targets, record)
     prepared = {}
     for task, data in configs.items():
         try:
-            prepared[task] = prepare_task(task, {**data, "source": "official"}, log=log)
+            prepared[task] = prepare_task(task, {**data, "source": "official"})
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
             raise DownloadError(f"{disk_full_message(Path(data['cache_dir']), None)}; nothing was prepared") from None
     if targets:
-        log(f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
-            "delete it when you do not need it")
+        log.info(
+            f"{path} is kept, so that other tasks of {archive.file} unpack without downloading it again; "
+            "delete it when you do not need it"
+        )
     return prepared
 
 
@@ -569,7 +592,6 @@ def download_tasks(
     base_url: str | None = None,
     sha256: str | None = None,
     md5: str | None = None,
-    log: Callable[[str], None] = print,
 ) -> tuple[dict[str, Resolved], list[str]]:
     """Download and prepare the tasks of ``configs`` (task -> its ``task.data`` section), archive by
     archive; a failing archive does not stop the others. Returns the prepared tasks and one
@@ -588,9 +610,7 @@ def download_tasks(
     errors = []
     for source, tasks in groups.items():
         try:
-            prepared.update(download_archive(
-                ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5, log=log
-            ))
+            prepared.update(download_archive(ARCHIVES[source], tasks, downloads, base_url=base_url, sha256=sha256, md5=md5))
         except (DownloadError, FileNotFoundError, ValueError, CacheError) as error:  # readers name the file at fault
             errors.append(f"{', '.join(tasks)}: {error}")
     return prepared, errors

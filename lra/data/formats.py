@@ -34,9 +34,7 @@ class Split:
             raise ValueError(f"labels must be 1-D, got shape {self.labels.shape}")
         for name, array in self.arrays.items():
             if array.ndim != 2 or len(array) != len(self.labels):
-                raise ValueError(
-                    f"{name} must be (num_samples={len(self.labels)}, length), got shape {array.shape}"
-                )
+                raise ValueError(f"{name} must be (num_samples={len(self.labels)}, length), got shape {array.shape}")
             if array.dtype.kind != "u":
                 raise ValueError(f"{name} must hold unsigned token ids, got dtype {array.dtype}")
 

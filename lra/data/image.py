@@ -38,6 +38,7 @@ TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 NUM_PIXELS = 32 * 32
 NUM_CLASSES = 10
+VOCAB_SIZE = 257  # pixels 0..255, shifted by one when pixel 0 is not padding (lra.data.tasks)
 GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)  # tf.image.rgb_to_grayscale's
 
 
@@ -46,12 +47,14 @@ class BatchUnpickler(pickle.Unpickler):
     (the module is ``numpy.core.multiarray`` in the official files, ``numpy._core.multiarray``
     when NumPy 2 wrote them) is refused instead of imported."""
 
-    ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-    })
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+        }
+    )
 
     def find_class(self, module: str, name: str) -> object:
         if (module, name) not in self.ALLOWED:
@@ -120,16 +123,18 @@ def read(source: Path, *, max_length: int = NUM_PIXELS) -> Prepared:
     pixels, labels = load_gray([source / name for name in TRAIN_FILES])
     test_pixels, test_labels = load_gray([source / TEST_FILE])
     cut = len(labels) * 9 // 10
-    return Prepared({
-        "train": Split(arrays={"input_ids": pixels[:cut]}, labels=labels[:cut]),
-        "val": Split(arrays={"input_ids": pixels[cut:]}, labels=labels[cut:]),
-        "test": Split(arrays={"input_ids": test_pixels}, labels=test_labels),
-    })
+    return Prepared(
+        {
+            "train": Split(arrays={"input_ids": pixels[:cut]}, labels=labels[:cut]),
+            "val": Split(arrays={"input_ids": pixels[cut:]}, labels=labels[cut:]),
+            "test": Split(arrays={"input_ids": test_pixels}, labels=test_labels),
+        }
+    )
 
 
-def missing_data_message(source: Path, missing: list[str]) -> str:
+def missing_data_message(source: Path, missing: list[str] | None = None) -> str:
     return (
-        f"CIFAR-10 data not found in {source}: missing {', '.join(missing)}. Expected the "
+        f"CIFAR-10 data not found in {source}: missing {', '.join(missing or (*TRAIN_FILES, TEST_FILE))}. Expected the "
         "'cifar-10-batches-py' folder of the CIFAR-10 python version, with data_batch_1 ... data_batch_5 "
         "and test_batch. Run `python -m lra.data download image` (downloads, verifies, unpacks and prepares "
         f"it), or download {CIFAR_URL} yourself, unpack it (tar xzf), and run "

@@ -28,18 +28,16 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
+from .staging import staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +138,7 @@ def generate(config: GeneratorConfig) -> dict[str, list[tuple[str, int]]]:
                 accepted[text] = evaluate(tree)
     rows = list(accepted.items())
     bounds = np.cumsum([0, config.num_train, config.num_val, config.num_test])
-    return {split: rows[start:end] for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:])}
+    return {split: rows[start:end] for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:], strict=True)}
 
 
 def split_path(folder: Path, split: str) -> Path:
@@ -177,23 +175,18 @@ def ensure_generated(cache_dir: Path, config: GeneratorConfig) -> Path:
     never leaves a partial folder and concurrent runs (a multirun sweep) cannot corrupt each other.
     """
     folder = generated_folder(cache_dir, config)
-    if all(split_path(folder, split).is_file() for split in SPLITS):
+    if is_generated(folder):
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
     log.info("Generating ListOps (%d samples, seed %d) into %s", config.total, config.seed, folder)
     splits = generate(config)
-    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
+    with staged_folder(folder, complete=is_generated) as staging:
         write_splits(staging, splits)
         (staging / "generator.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            if not folder.is_dir():  # not a lost race with a concurrent run: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def is_generated(folder: Path) -> bool:
+    return all(split_path(folder, split).is_file() for split in SPLITS)
 
 
 def tokenize(source: str) -> list[str]:

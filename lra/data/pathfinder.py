@@ -43,6 +43,8 @@ from .formats import LRA_RELEASE_URL, Prepared, Split
 #: Fewer images than this are decoded in this process: starting a pool would cost more than it saves.
 PARALLEL_MIN_IMAGES = 2000
 LABELS = {"0": 0, "1": 1}
+NUM_CLASSES = len(LABELS)
+VOCAB_SIZE = 257  # pixels 0..255, shifted by one when pixel 0 is not padding (lra.data.tasks)
 
 
 def metadata_files(source: Path) -> list[Path]:
@@ -148,15 +150,14 @@ def read(source: Path, *, max_length: int = 1024, split_seed: int = 0, workers: 
     # Decoding in permutation order makes every split a slice of one array (Path-X's is 3.3 GB).
     pixels = decode_all([paths[i] for i in order], side, workers)
     labels_in_order = np.array(labels, dtype=np.int64)[order]
-    splits = {
-        name: Split(arrays={"input_ids": pixels[rows]}, labels=labels_in_order[rows]) for name, rows in slices.items()
-    }
+    splits = {name: Split(arrays={"input_ids": pixels[rows]}, labels=labels_in_order[rows]) for name, rows in slices.items()}
     return Prepared(splits, {"skipped_empty": skipped})
 
 
-def missing_data_message(source: Path, problem: str) -> str:
+def missing_data_message(source: Path, problem: str | None = None) -> str:
     return (
-        f"Pathfinder data not found in {source}: {problem}. Expected a difficulty folder of the LRA release "
+        f"Pathfinder data not found in {source}: {problem or f'{source} does not exist'}. Expected a difficulty "
+        "folder of the LRA release "
         "with metadata/<k>.npy (plain text, one line per image: imgs/<k> sample_<i>.png <index> <label> ...) "
         "and imgs/<k>/sample_<i>.png (8-bit grayscale PNGs). Run `python -m lra.data download pathfinder` "
         "(Path-X: `download pathx`; downloads, verifies, unpacks and prepares the folder), or point "

@@ -127,14 +127,14 @@ import logging
 import math
 import multiprocessing
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
+
+from .staging import staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -197,61 +197,104 @@ class PathfinderConfig:
             if not condition:
                 raise ValueError(f"PathfinderConfig: {message}")
 
-        integers = ("resolution", "padding", "paddle_length", "antialias_scale", "seed_distance",
-                    "contour_length", "distractor_length", "num_distractor_snakes",
-                    "max_paddle_retries", "max_distractor_retries", "max_image_retries")
+        integers = (
+            "resolution",
+            "padding",
+            "paddle_length",
+            "antialias_scale",
+            "seed_distance",
+            "contour_length",
+            "distractor_length",
+            "num_distractor_snakes",
+            "max_paddle_retries",
+            "max_distractor_retries",
+            "max_image_retries",
+        )
         for name in integers:
             value = getattr(self, name)
-            need(isinstance(value, (int, np.integer)) and not isinstance(value, bool),
-                 f"{name} must be an integer, got {value!r}")
+            need(
+                isinstance(value, (int, np.integer)) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}"
+            )
         need(self.resolution >= 8, f"resolution must be >= 8, got {self.resolution}")
         need(0 <= self.padding < self.resolution // 4, f"padding must be in [0, resolution/4), got {self.padding}")
         need(self.paddle_length >= 1, f"paddle_length must be >= 1, got {self.paddle_length}")
         need(self.antialias_scale >= 1, f"antialias_scale must be >= 1, got {self.antialias_scale}")
         blown = self.paddle_thickness * self.antialias_scale
-        need(self.paddle_thickness > 0 and blown == round(blown),
-             f"paddle_thickness * antialias_scale must be a positive integer (the stroke width in "
-             f"antialiased pixels), got {self.paddle_thickness} * {self.antialias_scale}")
+        need(
+            self.paddle_thickness > 0 and blown == round(blown),
+            f"paddle_thickness * antialias_scale must be a positive integer (the stroke width in "
+            f"antialiased pixels), got {self.paddle_thickness} * {self.antialias_scale}",
+        )
         need(len(self.paddle_margins) > 0, "paddle_margins must not be empty")
         for margin in self.paddle_margins:
-            need(isinstance(margin, (int, np.integer)) and not isinstance(margin, bool) and margin >= 0,
-                 f"paddle_margins must be integers >= 0, got {self.paddle_margins}")
+            need(
+                isinstance(margin, (int, np.integer)) and not isinstance(margin, bool) and margin >= 0,
+                f"paddle_margins must be integers >= 0, got {self.paddle_margins}",
+            )
         need(self.marker_radius > 0, f"marker_radius must be > 0, got {self.marker_radius}")
         need(self.seed_distance >= 1, f"seed_distance must be >= 1, got {self.seed_distance}")
-        need(4 * self.seed_distance < self.resolution,
-             f"4 * seed_distance must be < resolution (the first target starts inside a frame of "
-             f"2 * seed_distance), got seed_distance={self.seed_distance}, resolution={self.resolution}")
+        need(
+            4 * self.seed_distance < self.resolution,
+            f"4 * seed_distance must be < resolution (the first target starts inside a frame of "
+            f"2 * seed_distance), got seed_distance={self.seed_distance}, resolution={self.resolution}",
+        )
         need(self.continuity >= 0, f"continuity must be >= 0, got {self.continuity}")
         need(self.contour_length >= 1, f"contour_length must be >= 1, got {self.contour_length}")
         need(self.num_distractor_snakes >= 0, f"num_distractor_snakes must be >= 0, got {self.num_distractor_snakes}")
-        need(self.distractor_length >= 1 or self.num_distractor_snakes == 0,
-             f"distractor_length must be >= 1 when there are distractors, got {self.distractor_length}")
+        need(
+            self.distractor_length >= 1 or self.num_distractor_snakes == 0,
+            f"distractor_length must be >= 1 when there are distractors, got {self.distractor_length}",
+        )
         for name in ("snake_contrasts", "paddle_contrasts"):
             values = getattr(self, name)
             need(len(values) > 0 and all(c > 0 for c in values), f"{name} must be non-empty and positive, got {values}")
-        need(self.max_paddle_retries >= 0 and self.max_distractor_retries >= 0,
-             "max_paddle_retries and max_distractor_retries must be >= 0")
+        need(
+            self.max_paddle_retries >= 0 and self.max_distractor_retries >= 0,
+            "max_paddle_retries and max_distractor_retries must be >= 0",
+        )
         need(self.max_image_retries >= 1, f"max_image_retries must be >= 1, got {self.max_image_retries}")
 
     @classmethod
-    def lra(cls, resolution: int = 32, contour_length: int = 14) -> "PathfinderConfig":
+    def lra(cls, resolution: int = 32, contour_length: int = 14) -> PathfinderConfig:
         """LRA's settings: resolution 32 is Pathfinder, 128 is Path-X; contour length 14 is "hard"."""
         if contour_length < 3:
-            raise ValueError(f"contour_length must be >= 3 (distractor_length = contour_length // 3), "
-                             f"got {contour_length}")
+            raise ValueError(f"contour_length must be >= 3 (distractor_length = contour_length // 3), got {contour_length}")
         distractor_length = contour_length // 3
         if resolution == 32:
-            return cls(resolution=32, padding=1, paddle_length=2, paddle_thickness=0.5, paddle_margins=(1,),
-                       marker_radius=1.5, antialias_scale=2, seed_distance=7, continuity=1.0,
-                       contour_length=contour_length, distractor_length=distractor_length,
-                       num_distractor_snakes=20 // distractor_length, snake_contrasts=(2.0,), paddle_contrasts=(0.75,))
+            return cls(
+                resolution=32,
+                padding=1,
+                paddle_length=2,
+                paddle_thickness=0.5,
+                paddle_margins=(1,),
+                marker_radius=1.5,
+                antialias_scale=2,
+                seed_distance=7,
+                continuity=1.0,
+                contour_length=contour_length,
+                distractor_length=distractor_length,
+                num_distractor_snakes=20 // distractor_length,
+                snake_contrasts=(2.0,),
+                paddle_contrasts=(0.75,),
+            )
         if resolution == 128:
-            return cls(resolution=128, padding=1, paddle_length=5, paddle_thickness=1.5, paddle_margins=(2, 3),
-                       marker_radius=3.0, antialias_scale=2, seed_distance=20, continuity=1.8,
-                       contour_length=contour_length, distractor_length=distractor_length,
-                       num_distractor_snakes=35 // distractor_length, snake_contrasts=(0.9,), paddle_contrasts=(1.0,))
-        raise ValueError(f"LRA's Pathfinder settings exist for resolution 32 (Pathfinder) and 128 (Path-X), "
-                         f"got {resolution}")
+            return cls(
+                resolution=128,
+                padding=1,
+                paddle_length=5,
+                paddle_thickness=1.5,
+                paddle_margins=(2, 3),
+                marker_radius=3.0,
+                antialias_scale=2,
+                seed_distance=20,
+                continuity=1.8,
+                contour_length=contour_length,
+                distractor_length=distractor_length,
+                num_distractor_snakes=35 // distractor_length,
+                snake_contrasts=(0.9,),
+                paddle_contrasts=(1.0,),
+            )
+        raise ValueError(f"LRA's Pathfinder settings exist for resolution 32 (Pathfinder) and 128 (Path-X), got {resolution}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,7 +358,7 @@ class _Stamp:
 def _disk_offsets(radius: float) -> np.ndarray:
     """Integer offsets (k, 2) within a disk of ``radius`` (the original's dilation structure)."""
     r = int(math.floor(radius))
-    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    dy, dx = np.mgrid[-r : r + 1, -r : r + 1]
     inside = dy**2 + dx**2 <= radius**2
     offsets = np.stack([dy[inside], dx[inside]], axis=1)
     offsets.flags.writeable = False
@@ -330,7 +373,7 @@ def _shifted_any(mask: np.ndarray, offsets: np.ndarray, pad: int, out_shape: tup
     h, w = out_shape
     out = np.zeros(out_shape, dtype=bool)
     for dy, dx in offsets:
-        out |= mask[pad + dy:pad + dy + h, pad + dx:pad + dx + w]
+        out |= mask[pad + dy : pad + dy + h, pad + dx : pad + dx + w]
     return out
 
 
@@ -443,7 +486,7 @@ class _Builder:
             window = self.window(paddle.anchor, paddle.stamp.half)
             patch = paddle.stamp.footprint if footprints else paddle.stamp.stroke * paddle.contrast
             np.maximum(canvas[window], patch, out=canvas[window])
-        return canvas[self.border:-self.border, self.border:-self.border]
+        return canvas[self.border : -self.border, self.border : -self.border]
 
     # -- paddles -------------------------------------------------------------------------------
 
@@ -479,11 +522,10 @@ class _Builder:
         blocked = _shifted_any(occupied, stamp.core, self.border, (self.size, self.size))  # (H, W)
         return np.argwhere(~blocked)
 
-    def place_seed(self, occupancy: np.ndarray, contrast: float, frame: int = 0,
-                   min_free: float | None = None) -> _Paddle | None:
+    def place_seed(self, occupancy: np.ndarray, contrast: float, frame: int = 0, min_free: float | None = None) -> _Paddle | None:
         """A first paddle at a uniformly drawn free position (the original's ``seed_snake``)."""
         if min_free is not None:
-            image = occupancy[self.border:-self.border, self.border:-self.border]
+            image = occupancy[self.border : -self.border, self.border : -self.border]
             if np.mean(image <= SEED_FREE_BELOW) < min_free:
                 return None
         for _ in range(self.config.max_paddle_retries + 1):
@@ -621,8 +663,9 @@ def _bytescale(image: np.ndarray) -> np.ndarray:
 
 
 def _snake(paddles: list[_Paddle]) -> Snake:
-    return Snake(near=np.array([p.near for p in paddles], dtype=np.float64),
-                 far=np.array([p.far for p in paddles], dtype=np.float64))
+    return Snake(
+        near=np.array([p.near for p in paddles], dtype=np.float64), far=np.array([p.far for p in paddles], dtype=np.float64)
+    )
 
 
 def generate_sample(config: PathfinderConfig, seed: int, index: int) -> Sample:
@@ -633,16 +676,19 @@ def generate_sample(config: PathfinderConfig, seed: int, index: int) -> Sample:
     label = int(rng.integers(2))
     margin = int(config.paddle_margins[rng.integers(len(config.paddle_margins))])
     builder = _Builder(config, rng, margin)
-    for attempt in range(1, config.max_image_retries + 1):
+    for attempt in range(1, config.max_image_retries + 1):  # noqa: B007 (the sample records its attempts)
         targets = builder.target_snakes()
         if targets is not None:
             break
     else:
-        raise RuntimeError(f"could not grow the two target snakes in {config.max_image_retries} attempts "
-                           f"(seed={seed}, index={index}); the parameters leave too little room: {config}")
+        raise RuntimeError(
+            f"could not grow the two target snakes in {config.max_image_retries} attempts "
+            f"(seed={seed}, index={index}); the parameters leave too little room: {config}"
+        )
     occupancy, snakes = targets
-    distractors = builder.free_snakes(occupancy, config.num_distractor_snakes, config.distractor_length,
-                                      config.max_distractor_retries)
+    distractors = builder.free_snakes(
+        occupancy, config.num_distractor_snakes, config.distractor_length, config.max_distractor_retries
+    )
     if config.use_single_paddles:
         distractors += builder.free_snakes(occupancy, _num_single_paddles(config, margin), 1, config.max_paddle_retries)
 
@@ -653,9 +699,17 @@ def generate_sample(config: PathfinderConfig, seed: int, index: int) -> Sample:
     for centre in markers:
         np.maximum(image, _marker(config, centre), out=image)
     footprints = np.stack([builder.paint(snakes[a], footprints=True), builder.paint(snakes[1 - a], footprints=True)])
-    return Sample(image=_bytescale(image), label=label, margin=margin, snake_a=snake_a, snake_b=snake_b,
-                  distractors=[_snake(d) for d in distractors], markers=markers, footprints=footprints,
-                  attempts=attempt)
+    return Sample(
+        image=_bytescale(image),
+        label=label,
+        margin=margin,
+        snake_a=snake_a,
+        snake_b=snake_b,
+        distractors=[_snake(d) for d in distractors],
+        markers=markers,
+        footprints=footprints,
+        attempts=attempt,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -664,9 +718,19 @@ def generate_sample(config: PathfinderConfig, seed: int, index: int) -> Sample:
 
 def metadata_line(config: PathfinderConfig, folder: int, position: int, label: int, margin: int) -> str:
     """One metadata line in the original's field order (values formatted with ``str``, as numpy did)."""
-    fields = (f"imgs/{folder}", f"sample_{position}.png", position, label, config.continuity,
-              config.contour_length, config.distractor_length, config.paddle_length, config.paddle_thickness,
-              margin, len(config.paddle_contrasts))
+    fields = (
+        f"imgs/{folder}",
+        f"sample_{position}.png",
+        position,
+        label,
+        config.continuity,
+        config.contour_length,
+        config.distractor_length,
+        config.paddle_length,
+        config.paddle_thickness,
+        margin,
+        len(config.paddle_contrasts),
+    )
     return " ".join(str(f) for f in fields)
 
 
@@ -683,12 +747,17 @@ def _generate_range(task: tuple[str, PathfinderConfig, int, int, int, int]) -> l
 
 
 def _description(config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int) -> dict:
-    return {"generator": "lra.data.pathfinder_generator", "version": GENERATOR_VERSION, "config": asdict(config),
-            "num_samples": num_samples, "seed": seed, "images_per_folder": images_per_folder}
+    return {
+        "generator": "lra.data.pathfinder_generator",
+        "version": GENERATOR_VERSION,
+        "config": asdict(config),
+        "num_samples": num_samples,
+        "seed": seed,
+        "images_per_folder": images_per_folder,
+    }
 
 
-def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: int,
-                images_per_folder: int = 1000) -> bool:
+def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int = 1000) -> bool:
     """Whether ``folder`` holds this exact dataset (its ``generator.json`` is written last, before the rename)."""
     folder = Path(folder)
     try:
@@ -700,12 +769,21 @@ def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: 
     return recorded == expected and all((folder / "metadata" / f"{k}.npy").is_file() for k in range(num_folders))
 
 
-def _write_dataset(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int,
-                   workers: int | None, progress: bool) -> Path:
+def _write_dataset(
+    folder: Path,
+    config: PathfinderConfig,
+    num_samples: int,
+    seed: int,
+    images_per_folder: int,
+    workers: int | None,
+    progress: bool,
+) -> Path:
     """Generate into a temporary sibling of ``folder`` and rename it into place."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+
+    def complete(done: Path) -> bool:  # a concurrent run of the same dataset renamed its copy first
+        return is_complete(done, config, num_samples, seed, images_per_folder)
+
+    with staged_folder(folder, complete=complete) as staging:
         num_folders = -(-num_samples // images_per_folder)
         for k in range(num_folders):
             (staging / "imgs" / str(k)).mkdir(parents=True)
@@ -714,8 +792,10 @@ def _write_dataset(folder: Path, config: PathfinderConfig, num_samples: int, see
         # Tasks of at most 50 images: a smooth progress bar and a balanced pool (the output does
         # not depend on the split: image g is always generate_sample(config, seed, g)).
         chunk = max(1, min(50, num_samples // (4 * workers)))
-        tasks = [(str(staging), config, seed, start, min(start + chunk, num_samples), images_per_folder)
-                 for start in range(0, num_samples, chunk)]
+        tasks = [
+            (str(staging), config, seed, start, min(start + chunk, num_samples), images_per_folder)
+            for start in range(0, num_samples, chunk)
+        ]
         workers = min(workers, len(tasks))
         results: list[tuple[int, int]] = []
         with tqdm(total=num_samples, disable=not progress, unit="img", desc=f"Pathfinder{config.resolution}") as bar:
@@ -735,26 +815,28 @@ def _write_dataset(folder: Path, config: PathfinderConfig, num_samples: int, see
             (staging / "metadata" / f"{k}.npy").write_text("".join(line + "\n" for line in lines))
         description = _description(config, num_samples, seed, images_per_folder)
         (staging / GENERATOR_JSON).write_text(json.dumps(description, indent=2) + "\n")
-        try:
-            os.rename(staging, folder)
-        except OSError:
-            # Lost a race with a concurrent run of the same dataset: theirs is as good as ours.
-            if not is_complete(folder, config, num_samples, seed, images_per_folder):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
 def _check_sizes(num_samples: int, seed: int, images_per_folder: int, workers: int | None) -> None:
     if num_samples < 1 or images_per_folder < 1 or seed < 0 or (workers is not None and workers < 1):
-        raise ValueError(f"need num_samples >= 1, images_per_folder >= 1, seed >= 0 and workers >= 1 (or None), "
-                         f"got num_samples={num_samples}, images_per_folder={images_per_folder}, seed={seed}, "
-                         f"workers={workers}")
+        raise ValueError(
+            f"need num_samples >= 1, images_per_folder >= 1, seed >= 0 and workers >= 1 (or None), "
+            f"got num_samples={num_samples}, images_per_folder={images_per_folder}, seed={seed}, "
+            f"workers={workers}"
+        )
 
 
-def generate(out_dir: Path, config: PathfinderConfig, num_samples: int, seed: int, *, images_per_folder: int = 1000,
-             workers: int | None = None, progress: bool = True) -> Path:
+def generate(
+    out_dir: Path,
+    config: PathfinderConfig,
+    num_samples: int,
+    seed: int,
+    *,
+    images_per_folder: int = 1000,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
     """Write ``num_samples`` images in the official layout into ``out_dir`` (which must not exist).
 
     Images are generated by ``workers`` processes (default: every core) and are byte-identical to a
@@ -776,17 +858,27 @@ def folder_name(config: PathfinderConfig, num_samples: int, seed: int, images_pe
     def join(values) -> str:
         return "_".join(f"{v:g}" for v in values)
 
-    return (f"pathfinder{c.resolution}-v{GENERATOR_VERSION}-pad{c.padding}-pl{c.paddle_length}-pt{c.paddle_thickness:g}"
-            f"-pm{join(c.paddle_margins)}-mr{c.marker_radius:g}-aa{c.antialias_scale}-sd{c.seed_distance}"
-            f"-ct{c.continuity:g}-cl{c.contour_length}-dl{c.distractor_length}-nd{c.num_distractor_snakes}"
-            f"-sc{join(c.snake_contrasts)}-pc{join(c.paddle_contrasts)}-sp{int(c.use_single_paddles)}"
-            f"-st{int(c.separate_targets)}"
-            f"-rt{c.max_paddle_retries}_{c.max_distractor_retries}_{c.max_image_retries}"
-            f"-ipf{images_per_folder}-n{num_samples}-seed{seed}")
+    return (
+        f"pathfinder{c.resolution}-v{GENERATOR_VERSION}-pad{c.padding}-pl{c.paddle_length}-pt{c.paddle_thickness:g}"
+        f"-pm{join(c.paddle_margins)}-mr{c.marker_radius:g}-aa{c.antialias_scale}-sd{c.seed_distance}"
+        f"-ct{c.continuity:g}-cl{c.contour_length}-dl{c.distractor_length}-nd{c.num_distractor_snakes}"
+        f"-sc{join(c.snake_contrasts)}-pc{join(c.paddle_contrasts)}-sp{int(c.use_single_paddles)}"
+        f"-st{int(c.separate_targets)}"
+        f"-rt{c.max_paddle_retries}_{c.max_distractor_retries}_{c.max_image_retries}"
+        f"-ipf{images_per_folder}-n{num_samples}-seed{seed}"
+    )
 
 
-def ensure_generated(cache_dir: Path, config: PathfinderConfig, num_samples: int, seed: int, workers: int | None = None,
-                     *, images_per_folder: int = 1000, progress: bool = True) -> Path:
+def ensure_generated(
+    cache_dir: Path,
+    config: PathfinderConfig,
+    num_samples: int,
+    seed: int,
+    workers: int | None = None,
+    *,
+    images_per_folder: int = 1000,
+    progress: bool = True,
+) -> Path:
     """``cache_dir/<folder_name(...)>``, generated unless it is already complete.
 
     Safe against concurrent callers: each generates into its own temporary folder and renames it

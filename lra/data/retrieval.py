@@ -22,16 +22,18 @@ Splits: train, val (``eval``) and test as released: 147,086 / 18,090 / 17,437 pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
+from .text import VOCAB_SIZE as VOCAB_SIZE  # the bytes exactly as for Text
 from .text import write_byte_ids
 
 FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 FIELDS = ("label", "id1", "id2", "text1", "text2")
+NUM_CLASSES = 2  # the two documents cite each other or not
 
 
 def records(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -100,9 +102,9 @@ def read(source: Path, *, max_length: int = 4000) -> Prepared:
     return Prepared(splits, {"truncated_to_max_length": truncated})
 
 
-def missing_data_message(source: Path, missing: list[str]) -> str:
+def missing_data_message(source: Path, missing: list[str] | None = None) -> str:
     return (
-        f"AAN retrieval data not found in {source}: missing {', '.join(missing)}. Expected the 'tsv_data' "
+        f"AAN retrieval data not found in {source}: missing {', '.join(missing or FILES.values())}. Expected the 'tsv_data' "
         "folder of the official LRA release with new_aan_pairs.train.tsv, new_aan_pairs.eval.tsv and "
         "new_aan_pairs.test.tsv (no header; label<TAB>id1<TAB>id2<TAB>text1<TAB>text2 per line). Run "
         "`python -m lra.data download retrieval` (downloads, verifies, unpacks and prepares it), or download "

@@ -24,44 +24,103 @@ id 0 (a black pixel) as padding. ``pixel_zero_is_padding: false`` shifts every p
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import cache
+from . import cache, image, listops, pathfinder, pathfinder_generator, retrieval, text
 from .formats import SPLITS, Prepared
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What the harness needs to know about one task's data."""
+    """What the harness needs to know about one task: its constants, its reader, its generator."""
 
     name: str
-    reader: str  # module in lra.data with read(source, *, max_length, **options) -> Prepared
-    official_source: str  # data_source label of the official files: lra_release, imdb, cifar10
-    inputs: tuple[str, ...]  # the token arrays of a sample; two for the dual-encoder retrieval task
-    has_generator: bool = False
+    vocab_size: int  # token ids 0 (padding) .. vocab_size - 1
+    num_classes: int
+    inputs: tuple[str, ...] = ("input_ids",)  # the token arrays of a sample; two for the dual encoder
+    reader: Callable[..., Prepared] | None = None  # read(source, *, max_length, **options); None: no data files
+    missing_message: Callable[[Path], str] | None = None  # what a missing source folder should hold, how to get it
+    official_source: str = ""  # data_source label of the official files: lra_release, imdb, cifar10
+    generate: Callable[[Path, dict[str, Any]], Path] | None = None  # (generated_dir, task.data.generator) -> folder
     pixels: bool = False  # tokens are pixel intensities (pixel_zero_is_padding applies)
 
-    def read(self, source: Path, max_length: int, options: dict[str, Any]) -> Prepared:
-        module = importlib.import_module(f"lra.data.{self.reader}")
-        return module.read(source, max_length=max_length, **options)
+    @property
+    def dual_encoder(self) -> bool:
+        """Two documents per sample, each encoded separately (retrieval)."""
+        return len(self.inputs) == 2
+
+    def token_offset(self, data: dict[str, Any]) -> int:
+        """What is added to every stored token: 1 for pixels when pixel 0 is not padding (``task.data``)."""
+        return 1 if self.pixels and not data.get("pixel_zero_is_padding", True) else 0
 
 
+def generate_listops(generated_dir: Path, params: dict[str, Any]) -> Path:
+    return listops.ensure_generated(generated_dir, listops.GeneratorConfig(**params))
+
+
+def generate_pathfinder(generated_dir: Path, params: dict[str, Any]) -> Path:
+    params = dict(params)
+    num_samples, seed = params.pop("num_samples"), params.pop("seed")
+    config = pathfinder_generator.PathfinderConfig.lra(**params)
+    return pathfinder_generator.ensure_generated(generated_dir, config, num_samples, seed)
+
+
+PATHFINDER = dict(
+    vocab_size=pathfinder.VOCAB_SIZE,
+    num_classes=pathfinder.NUM_CLASSES,
+    reader=pathfinder.read,
+    missing_message=pathfinder.missing_data_message,
+    official_source="lra_release",
+    generate=generate_pathfinder,
+    pixels=True,
+)
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
-        TaskSpec("listops", "listops", "lra_release", ("input_ids",), has_generator=True),
-        TaskSpec("text", "text", "imdb", ("input_ids",)),
-        TaskSpec("retrieval", "retrieval", "lra_release", ("input_ids_0", "input_ids_1")),
-        TaskSpec("image", "image", "cifar10", ("input_ids",), pixels=True),
-        TaskSpec("pathfinder", "pathfinder", "lra_release", ("input_ids",), has_generator=True, pixels=True),
-        TaskSpec("pathx", "pathfinder", "lra_release", ("input_ids",), has_generator=True, pixels=True),
+        TaskSpec(
+            "listops",
+            listops.VOCAB_SIZE,
+            listops.NUM_CLASSES,
+            reader=listops.read,
+            missing_message=listops.missing_data_message,
+            official_source="lra_release",
+            generate=generate_listops,
+        ),
+        TaskSpec(
+            "text",
+            text.VOCAB_SIZE,
+            text.NUM_CLASSES,
+            reader=text.read,
+            missing_message=text.missing_data_message,
+            official_source="imdb",
+        ),
+        TaskSpec(
+            "retrieval",
+            retrieval.VOCAB_SIZE,
+            retrieval.NUM_CLASSES,
+            inputs=("input_ids_0", "input_ids_1"),
+            reader=retrieval.read,
+            missing_message=retrieval.missing_data_message,
+            official_source="lra_release",
+        ),
+        TaskSpec(
+            "image",
+            image.VOCAB_SIZE,
+            image.NUM_CLASSES,
+            reader=image.read,
+            missing_message=image.missing_data_message,
+            official_source="cifar10",
+            pixels=True,
+        ),
+        TaskSpec("pathfinder", **PATHFINDER),
+        TaskSpec("pathx", **PATHFINDER),
     )
 }
 SOURCES = ("auto", "official", "generated")
@@ -71,30 +130,6 @@ def get_spec(name: str) -> TaskSpec:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASKS)}")
     return TASKS[name]
-
-
-def missing_source_message(spec: TaskSpec, source_dir: Path) -> str:
-    """The reader's own explanation of the expected layout and where the data is published."""
-    try:
-        spec.read(source_dir, 1, {})
-    except FileNotFoundError as error:
-        return str(error)
-    return f"{spec.name} data not found in {source_dir}"
-
-
-def generate(spec: TaskSpec, data: dict[str, Any]) -> Path:
-    """Run the task's generator into ``data.generated_dir`` (once) and return the folder."""
-    generated_dir = Path(data["generated_dir"])
-    if spec.reader == "listops":
-        from . import listops
-
-        return listops.ensure_generated(generated_dir, listops.GeneratorConfig(**data["generator"]))
-    from . import pathfinder_generator
-
-    params = dict(data["generator"])
-    num_samples, seed = params.pop("num_samples"), params.pop("seed")
-    config = pathfinder_generator.PathfinderConfig.lra(**params)
-    return pathfinder_generator.ensure_generated(generated_dir, config, num_samples, seed)
 
 
 def cache_key(spec: TaskSpec, kind: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -122,10 +157,9 @@ def resolve(name: str, data: dict[str, Any]) -> Resolved:
     source = data["source"]
     if source not in SOURCES:
         raise ValueError(f"unknown task.data.source {source!r} for {name}; use one of {', '.join(SOURCES)}")
-    if source == "generated" and not spec.has_generator:
+    if source == "generated" and spec.generate is None:
         raise ValueError(
-            f"{name} has no generator (only listops and pathfinder do); use task.data.source=official "
-            "with the official files"
+            f"{name} has no generator (only listops and pathfinder do); use task.data.source=official with the official files"
         )
     cache_dir = Path(data["cache_dir"])
     if source in ("auto", "official"):
@@ -133,13 +167,13 @@ def resolve(name: str, data: dict[str, Any]) -> Resolved:
         folder = cache.cache_folder(cache_dir, name, key)
         if Path(data["source_dir"]).is_dir() or (folder / cache.MANIFEST).is_file():
             return Resolved("official", spec.official_source, folder, key)
-        if source == "official" or not spec.has_generator:
-            raise FileNotFoundError(missing_source_message(spec, Path(data["source_dir"])))
+        if source == "official" or spec.generate is None:
+            raise FileNotFoundError(spec.missing_message(Path(data["source_dir"])))
     key = cache_key(spec, "generated", data)
     return Resolved("generated", "generated", cache.cache_folder(cache_dir, name, key), key)
 
 
-def prepare_task(name: str, data: dict[str, Any], *, force: bool = False, log: Callable[[str], None] = print) -> Resolved:
+def prepare_task(name: str, data: dict[str, Any], *, force: bool = False) -> Resolved:
     """Make sure the task's cache is present, current and intact (generating data first if needed)."""
     spec = get_spec(name)
     resolved = resolve(name, data)
@@ -149,11 +183,15 @@ def prepare_task(name: str, data: dict[str, Any], *, force: bool = False, log: C
             cache.verify(resolved.folder, cache.read_manifest(resolved.folder), checksums=True)
             return resolved
     else:
-        source_dir = generate(spec, data)
+        source_dir = spec.generate(Path(data["generated_dir"]), data["generator"])
     options = dict(data.get("options") or {})
     cache.prepare(
-        resolved.folder, name, resolved.key, source_dir,
-        lambda: spec.read(source_dir, data["max_length"], options), force=force, log=log,
+        resolved.folder,
+        name,
+        resolved.key,
+        source_dir,
+        lambda: spec.reader(source_dir, max_length=data["max_length"], **options),
+        force=force,
     )
     return resolved
 
@@ -206,6 +244,5 @@ def load_task(name: str, seq_len: int, data: dict[str, Any]) -> TaskData:
     if not (resolved.folder / cache.MANIFEST).is_file():
         resolved = prepare_task(name, data)
     splits, manifest = cache.load(resolved.folder)
-    offset = 1 if spec.pixels and not data.get("pixel_zero_is_padding", True) else 0
-    datasets = {split: TokenDataset(splits[split], seq_len, offset) for split in SPLITS}
+    datasets = {split: TokenDataset(splits[split], seq_len, spec.token_offset(data)) for split in SPLITS}
     return TaskData(datasets, resolved.data_source, resolved.folder, manifest)

@@ -32,6 +32,8 @@ from .formats import Prepared, Split
 
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
 LABELS = (("neg", 0), ("pos", 1))  # folder, label, in reading order
+NUM_CLASSES = len(LABELS)
+VOCAB_SIZE = 257  # padding plus the 256 byte values (id = byte + 1)
 REVIEW_NAME = re.compile(r"(\d+)_(\d+)\.txt")
 
 
@@ -62,7 +64,7 @@ def read_split(source: Path, split: str, max_length: int) -> tuple[Split, int]:
     input_ids = np.zeros((len(files), max_length), dtype=np.uint16)
     labels = np.array([label for _, label in files], dtype=np.int64)
     truncated = 0
-    for row, (path, _) in zip(input_ids, files):
+    for row, (path, _) in zip(input_ids, files, strict=True):
         review = path.read_bytes().strip()
         if not review:
             raise ValueError(f"{path}: the review is empty")
@@ -83,9 +85,9 @@ def read(source: Path, *, max_length: int = 4000) -> Prepared:
     return Prepared({"train": train, "val": test, "test": test}, notes)
 
 
-def missing_data_message(source: Path, missing: Path) -> str:
+def missing_data_message(source: Path, missing: Path | None = None) -> str:
     return (
-        f"IMDb data not found in {source}: {missing} does not exist. Expected the 'aclImdb' folder of the "
+        f"IMDb data not found in {source}: {missing or source} does not exist. Expected the 'aclImdb' folder of the "
         "Large Movie Review Dataset, with train/pos, train/neg, test/pos and test/neg holding one review per "
         "<id>_<rating>.txt file. Run `python -m lra.data download text` (downloads, verifies, unpacks and "
         f"prepares it), or download {IMDB_URL} yourself, unpack it (tar xzf), and run "

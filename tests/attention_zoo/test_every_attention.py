@@ -57,7 +57,9 @@ def test_padded_keys_do_not_leak(name, seq_len):
     noise_q, noise_k, noise_v = inputs(4, seq_len, seed=1)
     pad = ~mask[:, None, :, None]
     reference = run(attn, q, k, v, mask)
-    changed = run(attn, torch.where(pad, 100 * noise_q, q), torch.where(pad, 100 * noise_k, k), torch.where(pad, 100 * noise_v, v), mask)
+    changed = run(
+        attn, torch.where(pad, 100 * noise_q, q), torch.where(pad, 100 * noise_k, k), torch.where(pad, 100 * noise_v, v), mask
+    )
     torch.testing.assert_close(changed, reference, rtol=1e-5, atol=1e-5)
 
 

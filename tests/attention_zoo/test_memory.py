@@ -7,11 +7,8 @@ memory means: doubling n at most about doubles the largest allocation, and at n 
 below n * n elements.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -19,7 +16,6 @@ import attention_zoo
 
 HEADS, HEAD_DIM = 2, 32
 SIZES = (8192, 16384)
-PRESETS = Path(__file__).resolve().parents[2] / "conf" / "attention"
 
 
 class LargestAllocation(TorchDispatchMode):
@@ -50,11 +46,8 @@ def largest_allocation(name: str, hparams: dict, seq_len: int) -> tuple[int, str
 
 
 def linear_cases() -> dict[str, tuple[str, dict]]:
-    """Every registered attention with its defaults and every preset of conf/attention, if linear."""
-    cases = {name: (name, {}) for name in attention_zoo.available()}
-    for path in sorted(PRESETS.glob("*.yaml")):
-        preset = yaml.safe_load(path.read_text())
-        cases[f"preset-{path.stem}"] = (preset["name"], preset["hparams"])
+    """Every registered attention with its defaults and every registered preset, if linear."""
+    cases = {name: (name, {}) for name in [*attention_zoo.available(), *attention_zoo.presets()]}
     return {
         case: (name, hparams)
         for case, (name, hparams) in cases.items()

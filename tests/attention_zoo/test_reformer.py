@@ -144,8 +144,7 @@ def test_more_rounds_reduce_the_error_against_full_attention():
 
 @pytest.mark.parametrize(
     ("seq_len", "chunk_length", "expected"),
-    [(1, 64, 2), (50, 64, 2), (128, 64, 4), (1000, 64, 32), (1024, 64, 32), (4000, 64, 64), (4096, 64, 128),
-     (2000, 32, 64)],
+    [(1, 64, 2), (50, 64, 2), (128, 64, 4), (1000, 64, 32), (1024, 64, 32), (4000, 64, 64), (4096, 64, 128), (2000, 32, 64)],
 )
 def test_automatic_num_buckets_follows_hf(seq_len, chunk_length, expected):
     assert auto_num_buckets(seq_len, chunk_length) == expected
@@ -155,8 +154,12 @@ def test_automatic_num_buckets_follows_hf(seq_len, chunk_length, expected):
 
 @pytest.mark.parametrize(
     ("hparams", "message"),
-    [({"num_buckets": 3}, "even"), ({"num_buckets": 0}, "even"), ({"num_hashes": 0}, "num_hashes"),
-     ({"chunk_length": 0}, "chunk_length")],
+    [
+        ({"num_buckets": 3}, "even"),
+        ({"num_buckets": 0}, "even"),
+        ({"num_hashes": 0}, "num_hashes"),
+        ({"chunk_length": 0}, "chunk_length"),
+    ],
 )
 def test_bad_hyperparameters_name_the_problem(hparams, message):
     with pytest.raises(ValueError, match=message):

@@ -10,7 +10,6 @@ import torch
 
 import attention_zoo
 from attention_zoo import Attention, register
-from attention_zoo._checks import check_inputs, zero_masked_queries
 
 
 @dataclass
@@ -25,14 +24,13 @@ class MeanAttention(Attention):
 
     Config = MeanConfig
 
-    def forward(self, q, k, v, mask=None):
-        check_inputs(q, k, v, mask)
+    def attend(self, q, k, v, mask):
         weights = torch.ones(v.shape[:3], dtype=v.dtype) if mask is None else mask[:, None, :].to(v.dtype)
         weights = weights.expand(v.shape[:3])  # (b, h, n)
         pooled = (weights[..., None] * v).sum(2, keepdim=True)  # (b, h, 1, d)
         if self.config.mode == "mean":
             pooled = pooled / weights.sum(-1)[..., None, None].clamp(min=1)
-        return zero_masked_queries(self.config.scale * pooled.expand_as(v), mask)
+        return self.config.scale * pooled.expand_as(v)
 
 
 @pytest.fixture
@@ -103,11 +101,11 @@ def test_register_rejects_non_attention_classes():
 
 
 def test_a_new_attention_appears_and_trains_a_step(mean_attention):
-    from lra.model import LRAClassifier, LRAEncoder
+    from lra.model import AttentionConfig, LRAClassifier, LRAEncoder, ModelConfig
 
     assert mean_attention in attention_zoo.available()
     torch.manual_seed(0)
-    encoder = LRAEncoder(vocab_size=8, seq_len=16, attention=mean_attention, attention_hparams={"scale": 0.5}, dropout=0.0)
+    encoder = LRAEncoder(8, 16, ModelConfig(dropout=0.0), AttentionConfig(mean_attention, {"scale": 0.5}))
     model = LRAClassifier(3, encoder)
     input_ids = torch.randint(1, 8, (4, 16))
     labels = torch.tensor([0, 1, 2, 1])
@@ -126,9 +124,9 @@ def test_multihead_attention_runs_the_core_in_float32_under_autocast(mean_attent
     seen = []
 
     class Recording(MeanAttention):
-        def forward(self, q, k, v, mask=None):
+        def attend(self, q, k, v, mask):
             seen.append(q.dtype)
-            return super().forward(q, k, v, mask)
+            return super().attend(q, k, v, mask)
 
     attention_zoo.unregister(mean_attention)
     register(mean_attention)(Recording)
@@ -162,3 +160,32 @@ def test_multihead_attention_needs_divisible_dim_or_head_dim():
     with pytest.raises(ValueError, match="head_dim"):
         attention_zoo.MultiHeadAttention(10, 3, "softmax", seq_len=4)
     assert attention_zoo.MultiHeadAttention(10, 3, "softmax", seq_len=4, head_dim=4).query.out_features == 12
+
+
+def test_a_preset_builds_from_plain_python_with_its_values_and_takes_overrides():
+    attn = attention_zoo.build("yoso_32", seq_len=2048, num_heads=2, head_dim=32)
+    assert type(attn).name == "yoso" and attn.config.num_hashes == 32 and attn.hash_bits == 11
+    assert attention_zoo.build("yoso_32", seq_len=64, num_heads=2, head_dim=8, num_hashes=8).config.num_hashes == 8
+    table = attention_zoo.build("linformer_lra", seq_len=64, num_heads=2, head_dim=8).config
+    faithful = attention_zoo.build("linformer", seq_len=64, num_heads=2, head_dim=8).config
+    assert (table.share_heads, table.share_kv, table.init, faithful.share_heads) == (False, True, "normal", True)
+    description = attention_zoo.describe("yoso_c_16")
+    assert "preset of 'yoso'" in description and "conv_window: int | None = 33" in description
+
+
+def test_a_preset_holds_every_hyperparameter_and_is_validated_when_registered(mean_attention):
+    preset = attention_zoo.register_preset("test_mean_sum", mean_attention, "sums", mode="sum")
+    try:
+        assert preset.hparams == {"scale": 1.0, "mode": "sum", "window": None}
+        assert attention_zoo.make_config("test_mean_sum", scale=2).mode == "sum"
+    finally:
+        attention_zoo.unregister("test_mean_sum")
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        attention_zoo.register_preset("test_mean_bad", mean_attention, "typo", mod="sum")
+    with pytest.raises(ValueError, match="name of a registered attention"):
+        attention_zoo.register_preset("softmax", mean_attention, "clash")
+
+
+def test_an_unknown_name_lists_the_attentions_and_the_presets():
+    with pytest.raises(KeyError, match="Did you mean 'yoso_32'.*presets: .*yoso_star_c_16"):
+        attention_zoo.build("yoso_23", seq_len=8, num_heads=1, head_dim=4)

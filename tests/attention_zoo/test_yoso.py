@@ -93,7 +93,9 @@ def test_hadamard_yoso_m_levels_off_where_gaussian_yoso_m_keeps_converging():
         torch.manual_seed(1)
         query_codes, key_codes = attn.hash(q, k)  # (1, n, max(sizes)); the first m hashes are an m-hash draw
         errors[projection] = [
-            relative_error(ops.lsh_cumulation(query_codes[..., :m].contiguous(), mask, key_codes[..., :m].contiguous(), mask, v, tau), target)
+            relative_error(
+                ops.lsh_cumulation(query_codes[..., :m].contiguous(), mask, key_codes[..., :m].contiguous(), mask, v, tau), target
+            )
             for m in sizes
         ]
     print("\n" + "\n".join(f"m = {m}: hadamard {h:.3f}, gaussian {g:.3f}" for m, h, g in zip(sizes, *errors.values())))

@@ -18,7 +18,7 @@ TINY = [
     "task.protocol.warmup_steps=2",
     "task.protocol.val_check_interval=3",
     "task.protocol.limit_val_batches=2",
-    "trainer.progress_bar=false",
+    "trainer.enable_progress_bar=false",
 ]
 
 
@@ -36,7 +36,11 @@ def run_train(tmp_path):
         env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs"), **(env or {})}
         process = subprocess.run(
             [sys.executable, "-m", "lra.train", *flags, *overrides, *extra],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if check and process.returncode != 0:
             raise AssertionError(f"lra.train failed:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}")

@@ -7,6 +7,7 @@ import torch
 
 import attention_zoo
 from attention_zoo import Attention, register
+from lra import config
 from lra.bench import efficiency, measure
 
 
@@ -46,7 +47,7 @@ def read_rows(path):
 
 def test_the_grid_has_every_preset_and_every_registered_attention_without_one(throwaway_attentions):
     rows = {entry.row: entry for entry in efficiency.entries()}
-    presets = {path.stem for path in efficiency.PRESETS.glob("*.yaml")}
+    presets = set(config.attention_rows())
     assert presets <= set(rows) and {"softmax", "none", "yoso_32", "yoso_e"} <= presets
     assert rows["yoso_32"].name == "yoso" and rows["yoso_32"].hparams["num_hashes"] == 32
     # A newly registered attention appears with its defaults, without a preset or a code change.
@@ -55,13 +56,27 @@ def test_the_grid_has_every_preset_and_every_registered_attention_without_one(th
 
 
 def test_writes_per_instance_rows_and_records_failures_and_out_of_memory(tmp_path, throwaway_attentions):
-    presets = tmp_path / "presets"
-    presets.mkdir()
-    (presets / "softmax.yaml").write_text("name: softmax\nhparams: {}\n")
     out = tmp_path / "results"
-    argv = ["--device", "cpu", "--lengths", "32", "64", "128", "--batch", "2", "--repeats", "2", "--quiet",
-            "--presets", str(presets), "--out", str(out),
-            "--attentions", "softmax", "test_oom_from_64", "test_broken", "test_pass_through"]
+    argv = [
+        "--device",
+        "cpu",
+        "--lengths",
+        "32",
+        "64",
+        "128",
+        "--batch",
+        "2",
+        "--repeats",
+        "2",
+        "--quiet",
+        "--out",
+        str(out),
+        "--attentions",
+        "softmax",
+        "test_oom_from_64",
+        "test_broken",
+        "test_pass_through",
+    ]
     assert efficiency.main(argv) == 0
     rows = read_rows(out / "efficiency_cpu.csv")
     assert (out / "efficiency_cpu.png").stat().st_size > 0

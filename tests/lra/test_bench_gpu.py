@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from lra import config
 from lra.bench import gpu
 
 STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train"]
@@ -23,7 +23,9 @@ def test_the_plan_runs_every_step_in_order_and_a_dry_run_prints_it(tmp_path, cap
     assert [line.split("]")[0].lstrip("[") for line in lines] == STEPS
     assert "YOSO_KERNELS=require" in lines[0] and lines[0].endswith("-m yoso_cuda --check")
     assert "-m pytest -q -p no:cacheprovider -m cuda tests/yoso_cuda" in lines[1]
-    assert "--tool memcheck --report-api-errors no --error-exitcode 1" in lines[2] and "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in lines[2]
+    assert (
+        "--tool memcheck --report-api-errors no --error-exitcode 1" in lines[2] and "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in lines[2]
+    )
     assert f"--out {tmp_path}" in lines[4] and f"--out {tmp_path}" in lines[5]
     assert "attention=" + ",".join(gpu.preset_names()) in lines[6] and "trainer=gpu" in lines[6]
     for line in lines[2:4]:
@@ -48,13 +50,12 @@ def test_without_a_gpu_it_refuses_clearly():
 
 
 def test_the_training_overrides_compose_with_every_preset():
-    with initialize_config_dir(config_dir=str(gpu.ROOT / "conf"), version_base=None):
-        for preset in gpu.preset_names():
-            cfg = compose("config", overrides=[f"attention={preset}", *gpu.TRAIN_OVERRIDES])
-            assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-            protocol = cfg.task.protocol
-            assert protocol.val_check_interval <= protocol.max_steps == 60 and protocol.warmup_steps >= 2
-            assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
+    for preset in gpu.preset_names():
+        cfg = config.compose([f"attention={preset}", *gpu.TRAIN_OVERRIDES])
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+        protocol = cfg.task.protocol
+        assert protocol.val_check_interval <= protocol.max_steps == 60 and protocol.warmup_steps >= 2
+        assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
 
 
 def test_a_step_that_fails_or_outlives_its_timeout_is_recorded_and_stopped(tmp_path):
@@ -103,8 +104,16 @@ def fake_outputs(out: Path, train_dir: Path) -> None:
         run = train_dir / "listops" / preset / "trainer=gpu,task.protocol.max_steps=60"
         run.mkdir(parents=True)
         failed = preset == "reformer"
-        record = {"status": "failed" if failed else "finished", "attention": preset, "steps": 60, "test_acc": 0.25,
-                  "wall_time_s": 12.5, "peak_memory_mb": 300.0, "device": "NVIDIA H100", "error": "CUDA error" if failed else ""}
+        record = {
+            "status": "failed" if failed else "finished",
+            "attention": preset,
+            "steps": 60,
+            "test_acc": 0.25,
+            "wall_time_s": 12.5,
+            "peak_memory_mb": 300.0,
+            "device": "NVIDIA H100",
+            "error": "CUDA error" if failed else "",
+        }
         (run / "results.json").write_text(json.dumps(record))
 
 
@@ -120,13 +129,21 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
         "train": gpu.figures_for("train", "", out, train_dir),
     }
     assert figures["check"][0][0] == "2 PASS, 1 FAIL"
-    assert "cuda lsh_collided_gradient: FAIL (max |error| 3.00e-01 over 12 comparisons; float32, nq=7: beyond)" in figures["check"][0]
+    assert (
+        "cuda lsh_collided_gradient: FAIL (max |error| 3.00e-01 over 12 comparisons; float32, nq=7: beyond)"
+        in figures["check"][0]
+    )
     assert figures["memcheck"][0][:2] == ["ERROR SUMMARY: 0 errors", "pytest: 49 passed, 3 skipped in 201.30s (0:03:21)"]
     assert "bfloat16 d=64 n=65536 forward+backward: yoso_32 25.50 ms, softmax/flash 80.00 ms" in figures["kernels"][0]
     assert figures["efficiency"][0][:2] == [
-        "yoso_32 n=8192: 0.750 ms and 120.0 MB per instance (batch 32)", "softmax n=8192: out_of_memory"]
+        "yoso_32 n=8192: 0.750 ms and 120.0 MB per instance (batch 32)",
+        "softmax n=8192: out_of_memory",
+    ]
     train_lines, every_preset_finished = figures["train"]
-    assert not every_preset_finished and "reformer: failed, 60 steps, test acc 0.25, 12.5 s, 300.0 MB, error: CUDA error" in train_lines
+    assert (
+        not every_preset_finished
+        and "reformer: failed, 60 steps, test acc 0.25, 12.5 s, 300.0 MB, error: CUDA error" in train_lines
+    )
     with open(out / "train_presets_cuda.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["attention_preset"] for row in rows] == gpu.preset_names()
@@ -134,7 +151,9 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
     record = gpu.load_record(out, STEPS)
     record["machine"] = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "driver, GPU memory": "580.65, 81559 MiB"}
     for name, status in (("train", "failed"), ("check", "failed"), ("kernels", "passed")):
-        result = gpu.StepResult(name, f"python -m {name}", status, 12.3, figures[name][0], f"gpu_validation_cuda/{name}.log", "now")
+        result = gpu.StepResult(
+            name, f"python -m {name}", status, 12.3, figures[name][0], f"gpu_validation_cuda/{name}.log", "now"
+        )
         record["steps"][name] = result.__dict__
     gpu.save(out, record)
     summary = (out / "gpu_validation_cuda.md").read_text()

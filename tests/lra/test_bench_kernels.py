@@ -43,8 +43,23 @@ def test_an_unknown_benchmark_is_an_error_naming_the_choices():
 
 
 def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path):
-    argv = ["kernels", "--device", "cpu", "--lengths", "512", "--head-dims", "16", "--dtypes", "float32",
-            "--repeats", "1", "--reference-max-length", "512", "--out", str(tmp_path)]
+    argv = [
+        "kernels",
+        "--device",
+        "cpu",
+        "--lengths",
+        "512",
+        "--head-dims",
+        "16",
+        "--dtypes",
+        "float32",
+        "--repeats",
+        "1",
+        "--reference-max-length",
+        "512",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench.main(argv) == 0
     rows = pd.read_csv(tmp_path / "kernels_cpu.csv")
     assert set(rows["method"]) == {"softmax/default", "yoso_32", "yoso_32/reference"}

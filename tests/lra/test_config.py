@@ -1,22 +1,19 @@
 """The Hydra configuration without running anything: presets, protocol checks (fast, the compose API)."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import attention_zoo
+from lra import config, paper
 from lra.train import check_protocol
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-PRESETS = sorted(path.stem for path in (CONF / "attention").glob("*.yaml"))
+PRESETS = config.attention_rows()
 
 
 def composed(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return config.compose(overrides)
 
 
 def yaml_value(value):
@@ -52,7 +49,8 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit():
     adjusted = check_protocol(short)
     assert (short.warmup_steps, short.val_check_interval) == (2, 20)
     assert {key: (change["from"], change["to"]) for key, change in adjusted.items()} == {
-        "warmup_steps": (40, 2), "val_check_interval": (50, 20)
+        "warmup_steps": (40, 2),
+        "val_check_interval": (50, 20),
     }
     tiny = protocol(max_steps=10)
     check_protocol(tiny)
@@ -79,3 +77,27 @@ def test_an_unknown_protocol_field_is_an_error_not_ignored():
     cfg = composed("+task.protocol.max_step=20")
     with pytest.raises(ValueError, match=r"unknown task.protocol field\(s\) \['max_step'\]"):
         check_protocol(cfg.task.protocol)
+
+
+def test_the_table3_sweeps_run_the_papers_rows_in_its_order():
+    for experiment in ("table3", "table3_short"):
+        cfg = config.compose([f"experiment={experiment}"], return_hydra_config=True)
+        assert cfg.hydra.sweeper.params.attention == ",".join(paper.ROWS)
+    assert set(paper.ROWS) <= set(PRESETS)
+
+
+def test_the_task_constants_are_the_codes_and_not_repeated_in_the_config():
+    for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx"):
+        cfg = composed(f"task={task}")
+        assert not {"vocab_size", "num_classes"} & set(cfg.task), task
+
+
+def test_a_row_selects_a_preset_and_may_override_some_of_its_values(tmp_path):
+    """A user's conf/attention/<row>.yaml: the preset's every hyperparameter, its own values on top."""
+    (tmp_path / "attention").mkdir()
+    (tmp_path / "attention" / "yoso_64.yaml").write_text(
+        "defaults:\n  - /attention_zoo@_here_: yoso_32\nhparams:\n  num_hashes: 64\n"
+    )
+    cfg = composed(f"hydra.searchpath=[file://{tmp_path}]", "attention=yoso_64")
+    expected = dict(attention_zoo.presets()["yoso_32"].hparams, num_hashes=64)
+    assert cfg.attention.name == "yoso" and OmegaConf.to_container(cfg.attention.hparams) == expected

@@ -1,6 +1,7 @@
 """The prepared-data cache, source resolution, the dataset rows and ``python -m lra.data``."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def release(tmp_path):
 
 def test_prepared_arrays_are_the_official_tokens_padded(tmp_path, release):
     data = data_config(tmp_path)
-    resolved = prepare_task("listops", data, log=lambda _: None)
+    resolved = prepare_task("listops", data)
     splits, manifest = cache.load(resolved.folder)
     np.testing.assert_array_equal(
         splits["train"].arrays["input_ids"],
@@ -70,44 +71,45 @@ def test_prepared_arrays_are_the_official_tokens_padded(tmp_path, release):
         assert cache.file_sha256(resolved.folder / entry["file"]) == entry["sha256"]
 
 
-def test_preparing_twice_is_a_no_op(tmp_path, release):
+def test_preparing_twice_is_a_no_op(tmp_path, release, caplog):
     data = data_config(tmp_path)
-    prepare_task("listops", data, log=lambda _: None)
+    prepare_task("listops", data)
     manifest_path = resolve("listops", data).folder / cache.MANIFEST
     before = manifest_path.stat().st_mtime_ns
-    messages = []
-    prepare_task("listops", data, log=messages.append)
-    assert messages == [] and manifest_path.stat().st_mtime_ns == before
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lra.data"):
+        prepare_task("listops", data)
+    assert caplog.messages == [] and manifest_path.stat().st_mtime_ns == before
 
 
-def test_a_changed_source_is_prepared_again(tmp_path, release):
+def test_a_changed_source_is_prepared_again(tmp_path, release, caplog):
     data = data_config(tmp_path)
-    prepare_task("listops", data, log=lambda _: None)
+    prepare_task("listops", data)
     write_listops_release(release, {**ROWS, "val": [("( ( ( [MAX 1 ) 5 ) ] )", "5")]})
-    messages = []
-    resolved = prepare_task("listops", data, log=messages.append)
-    assert any("changed since" in m for m in messages)
+    with caplog.at_level(logging.INFO, logger="lra.data"):
+        resolved = prepare_task("listops", data)
+    assert any("changed since" in m for m in caplog.messages)
     np.testing.assert_array_equal(cache.load(resolved.folder)[0]["val"].labels, [5])
 
 
-def test_a_corrupt_cache_file_is_named_and_rebuilt(tmp_path, release):
+def test_a_corrupt_cache_file_is_named_and_rebuilt(tmp_path, release, caplog):
     data = data_config(tmp_path)
-    folder = prepare_task("listops", data, log=lambda _: None).folder
+    folder = prepare_task("listops", data).folder
     target = folder / "train.input_ids.npy"
     content = bytearray(target.read_bytes())
     content[-1] ^= 0xFF  # same size, different bytes: only the checksum can tell
     target.write_bytes(bytes(content))
     with pytest.raises(cache.CacheError, match="train.input_ids.npy does not match the SHA-256"):
         cache.verify(folder, cache.read_manifest(folder), checksums=True)
-    messages = []
-    prepare_task("listops", data, log=messages.append)
-    assert any("train.input_ids.npy" in m and "corrupt" in m for m in messages)
+    with caplog.at_level(logging.INFO, logger="lra.data"):
+        prepare_task("listops", data)
+    assert any("train.input_ids.npy" in m and "corrupt" in m for m in caplog.messages)
     cache.verify(folder, cache.read_manifest(folder), checksums=True)
 
 
 def test_a_truncated_or_missing_cache_file_fails_loading_with_its_name(tmp_path, release):
     data = data_config(tmp_path)
-    folder = prepare_task("listops", data, log=lambda _: None).folder
+    folder = prepare_task("listops", data).folder
     target = folder / "test.label.npy"
     target.write_bytes(target.read_bytes()[:-4])
     with pytest.raises(cache.CacheError, match=r"test\.label\.npy has \d+ bytes, its manifest says"):
@@ -122,7 +124,7 @@ def test_a_truncated_or_missing_cache_file_fails_loading_with_its_name(tmp_path,
 
 def test_the_cache_is_used_after_the_source_is_gone(tmp_path, release):
     data = data_config(tmp_path, source="auto")
-    prepare_task("listops", data, log=lambda _: None)
+    prepare_task("listops", data)
     for path in release.iterdir():
         path.unlink()
     release.rmdir()
@@ -152,9 +154,7 @@ def test_tasks_without_a_generator_never_get_stand_in_data(tmp_path):
 
 
 def test_dataset_rows_pad_to_seq_len_and_shift_pixels_when_asked():
-    split = cache.CachedSplit(
-        arrays={"input_ids": np.array([[3, 0, 255], [0, 1, 2]], dtype=np.uint8)}, labels=np.array([1, 0])
-    )
+    split = cache.CachedSplit(arrays={"input_ids": np.array([[3, 0, 255], [0, 1, 2]], dtype=np.uint8)}, labels=np.array([1, 0]))
     sample = TokenDataset(split, seq_len=5)[0]
     assert sample["input_ids"].dtype == torch.int64 and sample["label"].item() == 1
     assert sample["input_ids"].tolist() == [3, 0, 255, 0, 0]
@@ -176,8 +176,25 @@ def run_data_cli(*args, cwd, check=True):
 
 def test_cli_generate_prepare_and_info(tmp_path):
     out = tmp_path / "listops-small"
-    run_data_cli("generate", "listops", "--out", out, "--num-train", 30, "--num-val", 4, "--num-test", 5,
-                 "--min-length", 3, "--max-length", 40, "--seed", 7, cwd=tmp_path)
+    run_data_cli(
+        "generate",
+        "listops",
+        "--out",
+        out,
+        "--num-train",
+        30,
+        "--num-val",
+        4,
+        "--num-test",
+        5,
+        "--min-length",
+        3,
+        "--max-length",
+        40,
+        "--seed",
+        7,
+        cwd=tmp_path,
+    )
     assert [len(listops.read_split(out, s, 40)[1]) for s in listops.SPLITS] == [30, 4, 5]
     again = run_data_cli("generate", "listops", "--out", out, "--seed", 7, cwd=tmp_path, check=False)
     assert again.returncode != 0 and "already holds" in again.stderr
@@ -203,8 +220,12 @@ def test_cli_prepare_names_a_missing_source(tmp_path):
 
 def test_pathfinder_is_generated_read_and_cached_on_first_use(tmp_path):
     data = {
-        "source": "auto", "source_dir": str(tmp_path / "no_release"), "cache_dir": str(tmp_path / "cache"),
-        "max_length": 1024, "options": {"split_seed": 0}, "generated_dir": str(tmp_path / "generated"),
+        "source": "auto",
+        "source_dir": str(tmp_path / "no_release"),
+        "cache_dir": str(tmp_path / "cache"),
+        "max_length": 1024,
+        "options": {"split_seed": 0},
+        "generated_dir": str(tmp_path / "generated"),
         "generator": {"resolution": 32, "contour_length": 14, "num_samples": 30, "seed": 4},
     }
     task = load_task("pathfinder", 1024, data)

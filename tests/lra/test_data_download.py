@@ -19,12 +19,12 @@ import types
 import numpy as np
 import pytest
 from PIL import Image
+from test_data_cache import write_listops_release
+from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 from lra.data import download, image, listops, pathfinder, retrieval, text
 from lra.data.__main__ import main, task_data_config
 from lra.data.tasks import load_task, resolve
-from test_data_cache import write_listops_release
-from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
 RELEASE = "lra_release.gz"
 IMDB = "aclImdb_v1.tar.gz"
@@ -83,9 +83,7 @@ def official(tmp_path_factory):
         "text": root / "aclImdb",
         "image": root / "cifar-10-batches-py",
     }
-    files = {
-        RELEASE: tar_gz(root, "lra_release"), IMDB: tar_gz(root, "aclImdb"), CIFAR: tar_gz(root, "cifar-10-batches-py")
-    }
+    files = {RELEASE: tar_gz(root, "lra_release"), IMDB: tar_gz(root, "aclImdb"), CIFAR: tar_gz(root, "cifar-10-batches-py")}
     return files, folders
 
 
@@ -204,14 +202,17 @@ def unpacked_or_prepared(tmp_path):
 
 
 READERS = {
-    "listops": listops, "retrieval": retrieval, "pathfinder": pathfinder, "pathx": pathfinder, "text": text, "image": image
+    "listops": listops,
+    "retrieval": retrieval,
+    "pathfinder": pathfinder,
+    "pathx": pathfinder,
+    "text": text,
+    "image": image,
 }
 SEQ_LEN = {"listops": 2048, "retrieval": 4096, "pathfinder": 1024, "pathx": 16384, "text": 4096, "image": 1024}
 
 
-def test_download_all_fetches_each_archive_once_and_training_reads_the_official_files(
-    tmp_path, mirror, official, published
-):
+def test_download_all_fetches_each_archive_once_and_training_reads_the_official_files(tmp_path, mirror, official, published):
     files, folders = official
     assert run(tmp_path, mirror, "all") is None
     assert [file for file, _ in mirror.requests] == [f"mirror/{name}" for name in (IMDB, CIFAR, RELEASE)]
@@ -238,9 +239,7 @@ def test_download_all_fetches_each_archive_once_and_training_reads_the_official_
     assert [p.name for p in (data / "lra_release" / "pathfinder32").iterdir()] == ["curv_contour_length_14"]
     assert not (data / "aclImdb" / "train" / "unsup").exists() and not (data / "aclImdb" / "imdb.vocab").exists()
     assert not (data / "cifar-10-batches-py" / "batches.meta").exists()
-    assert sorted(p.name for p in (data / "downloads").iterdir()) == sorted(
-        [*files, *(name + ".url" for name in files)]
-    )
+    assert sorted(p.name for p in (data / "downloads").iterdir()) == sorted([*files, *(name + ".url" for name in files)])
 
     mirror.requests.clear()  # a second run finds everything in place
     assert run(tmp_path, mirror, "all") is None
@@ -362,8 +361,10 @@ def test_a_truncated_archive_is_set_aside_and_nothing_is_unpacked(tmp_path, mirr
 def release_with(official, name, link=None):
     """The test release plus one last member ``name`` (a symbolic link to ``link`` when given)."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(official[0][RELEASE]))) as source, \
-            tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    with (
+        tarfile.open(fileobj=io.BytesIO(gzip.decompress(official[0][RELEASE]))) as source,
+        tarfile.open(fileobj=buffer, mode="w:gz") as tar,
+    ):
         for member in source:
             tar.addfile(member, source.extractfile(member) if member.isfile() else None)
         extra = tarfile.TarInfo(name)
@@ -376,11 +377,14 @@ def release_with(official, name, link=None):
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("name", [
-    "lra_release/lra_release/listops-1000/../../../../escaped.tsv",
-    "../escaped.tsv",
-    "/tmp/lra-download-test-escaped.tsv",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "lra_release/lra_release/listops-1000/../../../../escaped.tsv",
+        "../escaped.tsv",
+        "/tmp/lra-download-test-escaped.tsv",
+    ],
+)
 def test_a_member_whose_path_leaves_the_destination_is_refused(tmp_path, mirror, official, name):
     mirror.files[f"mirror/{RELEASE}"] = release_with(official, name)
     error = run(tmp_path, mirror, "listops")
@@ -450,9 +454,18 @@ def test_the_missing_data_error_of_training_names_the_download_command(tmp_path)
 def test_training_finds_what_download_prepared(tmp_path, mirror, official):
     assert run(tmp_path, mirror, "image", "--md5", hashlib.md5(official[0][CIFAR]).hexdigest()) is None
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
-    train = [sys.executable, "-m", "lra.train", "task=image", "task.protocol.batch_size=1", "task.protocol.max_steps=4",
-             "task.protocol.warmup_steps=2", "task.protocol.val_check_interval=2", "task.protocol.limit_val_batches=1",
-             "trainer.progress_bar=false"]
+    train = [
+        sys.executable,
+        "-m",
+        "lra.train",
+        "task=image",
+        "task.protocol.batch_size=1",
+        "task.protocol.max_steps=4",
+        "task.protocol.warmup_steps=2",
+        "task.protocol.val_check_interval=2",
+        "task.protocol.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+    ]
     trained = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Preparing" not in trained.stdout + trained.stderr  # the cache download made, as it is

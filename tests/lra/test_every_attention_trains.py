@@ -1,23 +1,25 @@
 """Every registered attention trains in the LRA encoder, and every preset in conf/attention runs."""
 
 import json
-from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
 import torch
-import yaml
+from omegaconf import OmegaConf
 
 import attention_zoo
+from lra import config
 from lra.data import listops
-from lra.model import LRAClassifier, LRAEncoder
+from lra.data.tasks import get_spec
+from lra.model import AttentionConfig, ModelConfig, build_classifier
 from lra.module import LRAClassificationModule
 
-PRESETS = sorted((Path(__file__).resolve().parents[2] / "conf" / "attention").glob("*.yaml"))
+PRESETS = config.attention_rows()
 
 
-def load_preset(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+def load_preset(row: str) -> dict:
+    """The ``attention`` section that ``attention=<row>`` composes."""
+    return OmegaConf.to_container(config.compose([f"attention={row}"]).attention, resolve=True)
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +34,11 @@ def listops_batch():
     return ids, torch.tensor([label for _, label in rows])
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
-def test_a_few_steps_reduce_the_loss(path, listops_batch):
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_few_steps_reduce_the_loss(name, listops_batch):
     ids, labels = listops_batch
-    preset = load_preset(path)
-    name = path.stem
     torch.manual_seed(0)
-    encoder = LRAEncoder(
-        vocab_size=listops.VOCAB_SIZE, seq_len=64, attention=preset["name"], attention_hparams=preset["hparams"], dropout=0.0
-    )
-    model = LRAClassifier(listops.NUM_CLASSES, encoder).train()
+    model = build_classifier(get_spec("listops"), 64, ModelConfig(dropout=0.0), AttentionConfig(**load_preset(name))).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(15):
@@ -64,11 +61,18 @@ class StepRecorder(pl.Callback):
         def record_projection(module, args, out) -> None:
             self.dtypes["projection"] = out.dtype
 
-        def record_attention_input(module, args, out) -> None:
+        def record_attention_input(module, args) -> None:  # inside the float32 policy: what the algorithm gets
             self.dtypes["attention"] = args[0].dtype
 
         attention_layer.query.register_forward_hook(record_projection)
-        attention_layer.attention.register_forward_hook(record_attention_input)
+        core = attention_layer.attention
+        original_attend = core.attend
+
+        def attend(*args):
+            record_attention_input(core, args)
+            return original_attend(*args)
+
+        core.attend = attend
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.loss = outputs["loss"].detach()
@@ -77,19 +81,25 @@ class StepRecorder(pl.Callback):
         self.gradients = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
-def test_a_training_step_under_bf16_mixed_precision(path, listops_batch):
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_training_step_under_bf16_mixed_precision(name, listops_batch):
     """The GPU trainer's path (conf/trainer/gpu.yaml: Lightning's bf16-mixed) on the CPU: the
     projections run in bfloat16, the core attention in float32, loss and gradients are finite."""
     ids, labels = listops_batch
-    preset = load_preset(path)
+    preset = load_preset(name)
     torch.manual_seed(0)
-    encoder = LRAEncoder(vocab_size=listops.VOCAB_SIZE, seq_len=64, attention=preset["name"], attention_hparams=preset["hparams"])
-    module = LRAClassificationModule(LRAClassifier(listops.NUM_CLASSES, encoder), listops.NUM_CLASSES, warmup_steps=0, max_steps=1)
-    recorder = StepRecorder(encoder.blocks[0].attention)
+    module = LRAClassificationModule("listops", 64, {}, preset, warmup_steps=0, max_steps=1)
+    recorder = StepRecorder(module.model.encoder.blocks[0].attention)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, precision="bf16-mixed", max_steps=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+        accelerator="cpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder],
     )
     batches = torch.utils.data.DataLoader([{"input_ids": i, "label": y} for i, y in zip(ids, labels)], batch_size=16)
     trainer.fit(module, train_dataloaders=batches)
@@ -104,23 +114,23 @@ def test_a_training_step_under_bf16_mixed_precision(path, listops_batch):
     assert all(gradient.abs().sum() > 0 for name, gradient in recorder.gradients.items() if name.endswith("weight"))
 
 
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
-def test_every_preset_names_a_registered_attention_with_valid_hyperparameters(path):
-    preset = load_preset(path)
-    assert set(preset) == {"name", "hparams"}, f"{path.name}: a preset holds 'name' and 'hparams'"
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_names_a_registered_attention_with_valid_hyperparameters(name):
+    preset = load_preset(name)
+    assert set(preset) == {"name", "hparams"}, f"{name}: a preset holds 'name' and 'hparams'"
     attention_zoo.make_config(preset["name"], **preset["hparams"])
 
 
 def test_every_registered_attention_has_a_preset():
-    named = {load_preset(path)["name"] for path in PRESETS}
+    named = {load_preset(name)["name"] for name in PRESETS}
     assert set(attention_zoo.available()) <= named
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
-def test_training_from_the_command_line(path, tmp_path, run_train):
-    run_train(f"attention={path.stem}")
+@pytest.mark.parametrize("name", PRESETS)
+def test_training_from_the_command_line(name, tmp_path, run_train):
+    run_train(f"attention={name}")
     (results,) = (tmp_path / "outputs").rglob("results.json")
     record = json.loads(results.read_text())
-    assert record["status"] == "finished" and record["attention"] == load_preset(path)["name"]
+    assert record["status"] == "finished" and record["attention"] == load_preset(name)["name"]
     assert 0.0 <= record["test_acc"] <= 1.0

@@ -124,7 +124,7 @@ def test_writer_and_reader_round_trip(tmp_path, small_splits):
         assert f.readline() == "Source\tTarget\n"
     ids, labels = listops.read_split(tmp_path, "test", max_length=128)
     assert ids.shape == (40, 128)
-    for row, (source, label) in zip(ids, small_splits["test"]):
+    for row, (source, _label) in zip(ids, small_splits["test"]):
         tokens = listops.tokenize(source)
         np.testing.assert_array_equal(row[: len(tokens)], [VOCAB[t] for t in tokens])
         assert (row[len(tokens) :] == 0).all()

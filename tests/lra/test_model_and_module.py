@@ -3,13 +3,16 @@
 import pytest
 import torch
 
-from lra.model import LRAClassifier, LRADualClassifier, LRAEncoder
+from lra.data.tasks import get_spec
+from lra.model import AttentionConfig, LRAClassifier, LRADualClassifier, LRAEncoder, ModelConfig, build_classifier
 from lra.module import LRAClassificationModule
+
+NO_DROPOUT = ModelConfig(dropout=0.0)
 
 
 def test_mean_pooling_sums_real_tokens_over_the_padded_length():
     torch.manual_seed(0)
-    encoder = LRAEncoder(vocab_size=10, seq_len=12, dropout=0.0).eval()
+    encoder = LRAEncoder(10, 12, NO_DROPOUT).eval()
     ids = torch.randint(1, 10, (2, 12))
     ids[1, 5:] = 0
     pooled = encoder(ids)
@@ -27,7 +30,7 @@ def test_mean_pooling_sums_real_tokens_over_the_padded_length():
 def test_padding_does_not_change_real_tokens_features():
     """A sequence padded to the model length pools to the same features whatever other rows hold."""
     torch.manual_seed(0)
-    encoder = LRAEncoder(vocab_size=10, seq_len=16, dropout=0.0).eval()
+    encoder = LRAEncoder(10, 16, NO_DROPOUT).eval()
     row = torch.randint(1, 10, (1, 16))
     row[0, 9:] = 0
     alone = encoder(row)
@@ -37,7 +40,7 @@ def test_padding_does_not_change_real_tokens_features():
 
 def test_dual_encoder_head_reads_u_v_product_and_difference():
     torch.manual_seed(0)
-    model = LRADualClassifier(2, LRAEncoder(vocab_size=10, seq_len=12, dropout=0.0)).eval()
+    model = LRADualClassifier(2, LRAEncoder(10, 12, NO_DROPOUT)).eval()
     first, second = torch.randint(1, 10, (3, 12)), torch.randint(1, 10, (3, 12))
     second[:, 7:] = 0
     u, v = model.encoder(first), model.encoder(second)  # each document encoded alone
@@ -50,24 +53,40 @@ def test_dual_encoder_head_reads_u_v_product_and_difference():
         model(first, second[:, :6])
 
 
+def module(task="retrieval", seq_len=8, **protocol):
+    return LRAClassificationModule(
+        task,
+        seq_len,
+        {"dropout": 0.0},
+        {"name": "softmax", "hparams": {"dropout": 0.0}},
+        **{"warmup_steps": 0, "max_steps": 10, **protocol},
+    )
+
+
 def test_module_feeds_every_input_of_the_batch():
     torch.manual_seed(0)
-    model = LRADualClassifier(2, LRAEncoder(vocab_size=10, seq_len=8, dropout=0.0))
-    module = LRAClassificationModule(model, num_classes=2, warmup_steps=0, max_steps=10).eval()  # no dropout
-    batch = {"input_ids_0": torch.randint(1, 10, (4, 8)), "input_ids_1": torch.randint(1, 10, (4, 8)), "label": torch.tensor([0, 1, 1, 0])}
-    loss = module.training_step(batch, 0)
+    lightning_module = module().eval()
+    model = lightning_module.model
+    assert isinstance(model, LRADualClassifier)
+    batch = {
+        "input_ids_0": torch.randint(1, 10, (4, 8)),
+        "input_ids_1": torch.randint(1, 10, (4, 8)),
+        "label": torch.tensor([0, 1, 1, 0]),
+    }
+    loss = lightning_module.training_step(batch, 0)
     expected = torch.nn.functional.cross_entropy(model(batch["input_ids_0"], batch["input_ids_1"]), batch["label"])
     torch.testing.assert_close(loss, expected)
 
 
 def test_input_longer_than_the_model_is_an_error():
-    encoder = LRAEncoder(vocab_size=10, seq_len=8)
+    encoder = LRAEncoder(10, 8)
     with pytest.raises(ValueError, match="seq <= 8"):
         encoder(torch.ones(1, 9, dtype=torch.long))
 
 
 def test_paper_sizes_are_the_defaults():
-    model = LRAClassifier(10, LRAEncoder(vocab_size=16, seq_len=2048))
+    model = build_classifier(get_spec("listops"), 2048, ModelConfig(), AttentionConfig())
+    assert isinstance(model, LRAClassifier) and model.head[2].out_features == 10
     assert len(model.encoder.blocks) == 2
     attention = model.encoder.blocks[0].attention
     assert (attention.num_heads, attention.head_dim) == (2, 32)
@@ -76,8 +95,7 @@ def test_paper_sizes_are_the_defaults():
 
 
 def test_one_cycle_schedule_and_beta1_cycling_of_the_original():
-    module = LRAClassificationModule(torch.nn.Linear(2, 2), num_classes=2, lr=1e-4, warmup_steps=10, max_steps=100)
-    config = module.configure_optimizers()
+    config = module(lr=1e-4, warmup_steps=10, max_steps=100).configure_optimizers()
     optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
     assert optimizer.defaults["eps"] == 1e-6 and optimizer.defaults["weight_decay"] == 0.0
     lrs, betas = [], []
@@ -96,4 +114,32 @@ def test_one_cycle_schedule_and_beta1_cycling_of_the_original():
 def test_warmup_must_be_shorter_than_training():
     for warmup in (100, 1, -1):
         with pytest.raises(ValueError, match="warmup_steps"):
-            LRAClassificationModule(torch.nn.Linear(2, 2), num_classes=2, warmup_steps=warmup, max_steps=100)
+            module(warmup_steps=warmup, max_steps=100)
+
+
+def test_a_checkpoint_rebuilds_its_model_alone(tmp_path):
+    """``load_from_checkpoint(path)`` with no other argument gives the same classifier: same class, same outputs."""
+    torch.manual_seed(0)
+    trained = LRAClassificationModule(
+        "pathfinder",
+        16,
+        {"dim": 16, "depth": 1, "num_heads": 2, "head_dim": 8, "ffn_dim": 32},
+        {"name": "yoso_e", "hparams": {}},
+        warmup_steps=0,
+        max_steps=10,
+    )
+    path = tmp_path / "model.ckpt"
+    torch.save(
+        {"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams), "pytorch-lightning_version": "2.4.0"},
+        path,
+    )
+    rebuilt = LRAClassificationModule.load_from_checkpoint(path).eval()
+    ids = torch.randint(0, 257, (3, 16))
+    torch.testing.assert_close(rebuilt(input_ids=ids), trained.eval()(input_ids=ids))
+    core = rebuilt.model.encoder.blocks[0].attention.attention
+    assert core.config.expectation and core.hash_bits == 4 and rebuilt.model.head[2].out_features == 2
+
+
+def test_an_unknown_model_setting_is_named():
+    with pytest.raises(ValueError, match=r"unknown model setting\(s\) \['widht'\]"):
+        ModelConfig.from_dict({"widht": 3})

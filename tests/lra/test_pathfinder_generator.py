@@ -34,8 +34,7 @@ def segment_distance(p0, p1, q0, q1, steps: int = 21) -> float:
 
 
 def snake_distance(a: pg.Snake, b: pg.Snake) -> float:
-    return min(segment_distance(a.near[i], a.far[i], b.near[j], b.far[j])
-               for i in range(len(a.near)) for j in range(len(b.near)))
+    return min(segment_distance(a.near[i], a.far[i], b.near[j], b.far[j]) for i in range(len(a.near)) for j in range(len(b.near)))
 
 
 # --- parameters ---------------------------------------------------------------------------------
@@ -125,8 +124,11 @@ def test_markers_sit_on_the_snake_tips(samples32, samples128):
             np.testing.assert_array_equal(s.markers[1], (s.snake_a if s.label == 1 else s.snake_b).end_tip)
             for y, x in s.markers.astype(int):
                 assert s.image[y, x] >= 200, "a marker's centre must be bright"
-                ring = [s.image[y + dy, x + dx] for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))
-                        if 0 <= y + dy < config.resolution and 0 <= x + dx < config.resolution]
+                ring = [
+                    s.image[y + dy, x + dx]
+                    for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))
+                    if 0 <= y + dy < config.resolution and 0 <= x + dx < config.resolution
+                ]
                 assert min(ring) >= 100, "a marker is a filled circle, brighter than one pixel"
             assert not np.array_equal(s.markers[0], s.markers[1])
 

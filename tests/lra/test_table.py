@@ -14,22 +14,51 @@ import pytest
 from lra import table
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = dict(name="smoke", batch_size=32, max_steps=400, warmup_steps=40, val_check_interval=50,
-             limit_val_batches=8, lr=1e-3, weight_decay=0.0)
+SMOKE = dict(
+    name="smoke",
+    batch_size=32,
+    max_steps=400,
+    warmup_steps=40,
+    val_check_interval=50,
+    limit_val_batches=8,
+    lr=1e-3,
+    weight_decay=0.0,
+)
 MODEL = dict(dim=64, depth=2, num_heads=2, head_dim=32, ffn_dim=128, dropout=0.1, head_hidden_dim=128, attention_in_fp32=True)
 
 
-def record(row, task, seed, acc, status="finished", source="generated", num_test=1000, finished_at="2026-01-01T00:00:00",
-           protocol=None, model=None, hparams=None, **extra):
+def record(
+    row,
+    task,
+    seed,
+    acc,
+    status="finished",
+    source="generated",
+    num_test=1000,
+    finished_at="2026-01-01T00:00:00",
+    protocol=None,
+    model=None,
+    hparams=None,
+    **extra,
+):
     """A run record as lra.train writes it; the config hash stands for the whole configuration."""
     protocol = protocol or SMOKE
     hparams = {"dropout": 0.1} if hparams is None else hparams
     config = dict(task=task, row=row, protocol=protocol, model=model or MODEL, hparams=hparams, seed=seed)
     result = {
-        "task": task, "attention": row.split(" ")[0], "row": row, "seed": seed, "status": status,
-        "attention_hparams": hparams, "protocol": protocol, "model": model or MODEL, "seq_len": 256,
-        "data": {"source": "generated", "max_length": 250}, "finished_at": finished_at,
-        "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16], "best_checkpoint": "/somewhere/best.ckpt",
+        "task": task,
+        "attention": row.split(" ")[0],
+        "row": row,
+        "seed": seed,
+        "status": status,
+        "attention_hparams": hparams,
+        "protocol": protocol,
+        "model": model or MODEL,
+        "seq_len": 256,
+        "data": {"source": "generated", "max_length": 250},
+        "finished_at": finished_at,
+        "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+        "best_checkpoint": "/somewhere/best.ckpt",
         **extra,
     }
     if status == "finished":
@@ -62,7 +91,9 @@ def test_runs_with_different_budgets_are_never_averaged_as_seeds():
     ]
     sections = table.build_sections(records)
     assert [s.title for s in sections] == [
-        "smoke, protocol.max_steps=10", "smoke, protocol.max_steps=20", "smoke, protocol.max_steps=400",
+        "smoke, protocol.max_steps=10",
+        "smoke, protocol.max_steps=20",
+        "smoke, protocol.max_steps=400",
         "smoke, protocol.max_steps=5",
     ]
     cell = only(sections, "smoke, protocol.max_steps=400").cells["softmax", "listops"]
@@ -76,7 +107,8 @@ def test_runs_with_different_budgets_are_never_averaged_as_seeds():
 
 def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
     records = [
-        record("softmax", "listops", 0, 0.36), record("softmax", "listops", 1, 0.38),
+        record("softmax", "listops", 0, 0.36),
+        record("softmax", "listops", 1, 0.38),
         # The same configuration and seed run again: the latest finished counts, and the table says so.
         record("softmax", "listops", 1, 0.30, finished_at="2026-02-01T00:00:00"),
     ]
@@ -86,7 +118,9 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
     cell = section.cells["softmax", "listops"]
     assert cell.accuracies == [36.0, 30.0] and cell.seeds == [0, 1]
     assert cell.standard_error == pytest.approx(cell.std / 2**0.5) and cell.std == pytest.approx(4.2426, rel=1e-4)
-    assert section.duplicates == ["listops / softmax / seed 1: 2 runs of one configuration, the latest (2026-02-01T00:00:00) counts"]
+    assert section.duplicates == [
+        "listops / softmax / seed 1: 2 runs of one configuration, the latest (2026-02-01T00:00:00) counts"
+    ]
     assert "Counted once:" in table.markdown([section], "test records")
 
 
@@ -138,9 +172,11 @@ def test_average_over_the_five_tasks_and_unknown_rows_after_the_paper_rows():
 
 
 def test_a_row_whose_runs_still_differ_is_split_and_labelled():
-    records = [record("yoso_32", "listops", 0, 0.33, hparams={"num_hashes": 32}),
-               record("yoso_32", "listops", 1, 0.35, hparams={"num_hashes": 16}),
-               record("softmax", "listops", 0, 0.33)]
+    records = [
+        record("yoso_32", "listops", 0, 0.33, hparams={"num_hashes": 32}),
+        record("yoso_32", "listops", 1, 0.35, hparams={"num_hashes": 16}),
+        record("softmax", "listops", 0, 0.33),
+    ]
     (section,) = table.build_sections(records)
     assert section.rows == ["softmax", "yoso_32 (attention_hparams.num_hashes=16)", "yoso_32 (attention_hparams.num_hashes=32)"]
 
@@ -175,8 +211,13 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
 
 def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(tmp_path):
     shutil.copytree(REPO / "results" / "runs", tmp_path / "results" / "runs")
-    subprocess.run([sys.executable, "-m", "lra.table", "--committed"], cwd=tmp_path, check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    subprocess.run(
+        [sys.executable, "-m", "lra.table", "--committed"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     for name in ("table3.md", "table3.csv", "table3.tex"):
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
@@ -185,14 +226,16 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
 def test_table_from_real_runs(tmp_path, run_train):
     run_train("attention=softmax,none", flags=["-m"])
     env = {**os.environ, "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
-    process = subprocess.run([sys.executable, "-m", "lra.table"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=120)
+    process = subprocess.run(
+        [sys.executable, "-m", "lra.table"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert process.returncode == 0, process.stderr
     text = (tmp_path / "outputs" / "table3.md").read_text()
     assert "## smoke" in text and "| softmax |" in text and "| none |" in text
     assert not (tmp_path / "results").exists()
-    process = subprocess.run([sys.executable, "-m", "lra.table", "--collect"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=120)
+    process = subprocess.run(
+        [sys.executable, "-m", "lra.table", "--collect"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert process.returncode == 0, process.stderr
     assert len(list((tmp_path / "results" / "runs").glob("listops__*__smoke__seed0__*.json"))) == 2
     assert "| softmax |" in (tmp_path / "results" / "table3.md").read_text()

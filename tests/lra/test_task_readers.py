@@ -32,7 +32,7 @@ def byte_ids(data, length):
 
 REVIEWS = {  # split -> folder -> id -> file contents
     "train": {
-        "neg": {10: "Dull.".encode(), 2: "Au café, 😀 non.".encode()},
+        "neg": {10: b"Dull.", 2: "Au café, 😀 non.".encode()},
         "pos": {7: b"  Great film, twelve+ bytes long.\n", 3: b"Fine"},
     },
     "test": {
@@ -112,8 +112,13 @@ def test_text_missing_source_names_layout_download_and_command(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         text.read(tmp_path / "nowhere" / "aclImdb")
     message = str(error.value)
-    for expected in ("train/pos", "test/neg", "<id>_<rating>.txt", text.IMDB_URL,
-                     "python -m lra.data prepare text --source <dir>/aclImdb"):
+    for expected in (
+        "train/pos",
+        "test/neg",
+        "<id>_<rating>.txt",
+        text.IMDB_URL,
+        "python -m lra.data prepare text --source <dir>/aclImdb",
+    ):
         assert expected in message
 
 
@@ -188,8 +193,13 @@ def test_retrieval_missing_files_name_layout_and_release(aan):
     with pytest.raises(FileNotFoundError) as error:
         retrieval.read(aan)
     message = str(error.value)
-    for expected in ("missing new_aan_pairs.eval.tsv", "new_aan_pairs.train.tsv", "lra_release/tsv_data",
-                     "https://storage.googleapis.com/long-range-arena/lra_release.gz", "tar"):
+    for expected in (
+        "missing new_aan_pairs.eval.tsv",
+        "new_aan_pairs.train.tsv",
+        "lra_release/tsv_data",
+        "https://storage.googleapis.com/long-range-arena/lra_release.gz",
+        "tar",
+    ):
         assert expected in message
 
 
@@ -205,8 +215,12 @@ def random_batch(rng, size):
 
 def write_batch(path, data, labels):
     """As the CIFAR-10 python files: a pickled dict with bytes keys, uint8 data and a list of ints."""
-    batch = {b"batch_label": b"training batch", b"labels": labels, b"data": data,
-             b"filenames": [f"image_{i}.png".encode() for i in range(len(labels))]}
+    batch = {
+        b"batch_label": b"training batch",
+        b"labels": labels,
+        b"data": data,
+        b"filenames": [f"image_{i}.png".encode() for i in range(len(labels))],
+    }
     with open(path, "wb") as f:
         pickle.dump(batch, f, protocol=4)
 
@@ -266,13 +280,15 @@ def python2_pickle(data, labels):
     """The opcodes Python 2's cPickle (protocol 2) wrote for the official files: str (bytes) keys and
     data, and the array rebuilt by numpy.core.multiarray._reconstruct, numpy.ndarray and numpy.dtype."""
     raw = data.tobytes()
-    return b"".join([
-        b"\x80\x02}(U\x04data",
-        b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85U\x01b\x87R",
-        b"(K\x01M" + struct.pack("<H", len(data)) + b"M\x00\x0c\x86cnumpy\ndtype\nU\x02u1K\x00K\x01\x87R",
-        b"(K\x03U\x01|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89T" + struct.pack("<I", len(raw)) + raw + b"tb",
-        b"U\x06labels](" + b"".join(b"K" + bytes([label]) for label in labels) + b"eu.",
-    ])
+    return b"".join(
+        [
+            b"\x80\x02}(U\x04data",
+            b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85U\x01b\x87R",
+            b"(K\x01M" + struct.pack("<H", len(data)) + b"M\x00\x0c\x86cnumpy\ndtype\nU\x02u1K\x00K\x01\x87R",
+            b"(K\x03U\x01|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89T" + struct.pack("<I", len(raw)) + raw + b"tb",
+            b"U\x06labels](" + b"".join(b"K" + bytes([label]) for label in labels) + b"eu.",
+        ]
+    )
 
 
 def test_image_reads_batches_pickled_by_python2_like_the_official_files(cifar):
@@ -409,9 +425,7 @@ def test_pathfinder_split_is_deterministic_disjoint_and_covers_every_image(pathf
     row_index = {row.tobytes(): i for i, row in enumerate(pixels)}
     assert len(row_index) == len(pixels)
     for prepared in (first, other):
-        indices = {
-            split: [row_index[row.tobytes()] for row in prepared.splits[split].arrays["input_ids"]] for split in SPLITS
-        }
+        indices = {split: [row_index[row.tobytes()] for row in prepared.splits[split].arrays["input_ids"]] for split in SPLITS}
         everything = sum(indices.values(), [])
         assert sorted(everything) == list(range(12))  # disjoint, and every non-empty image once
         assert [len(indices[split]) for split in SPLITS] == [9, 1, 2]
@@ -476,10 +490,15 @@ def test_pathfinder_missing_source_names_release_and_generator(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         pathfinder.read(tmp_path / "lra_release" / "pathfinder32" / "curv_contour_length_14", max_length=1)
     message = str(error.value)
-    for expected in ("does not exist", "metadata/<k>.npy", "imgs/<k>/sample_<i>.png",
-                     "lra_release/pathfinder32/curv_contour_length_14", "pathfinder128/curv_contour_length_14",
-                     "https://storage.googleapis.com/long-range-arena/lra_release.gz",
-                     "python -m lra.data generate pathfinder --out DIR"):
+    for expected in (
+        "does not exist",
+        "metadata/<k>.npy",
+        "imgs/<k>/sample_<i>.png",
+        "lra_release/pathfinder32/curv_contour_length_14",
+        "pathfinder128/curv_contour_length_14",
+        "https://storage.googleapis.com/long-range-arena/lra_release.gz",
+        "python -m lra.data generate pathfinder --out DIR",
+    ):
         assert expected in message
 
 
@@ -490,13 +509,18 @@ def datamodule_batches(task, source, tmp_path, max_length, seq_len, **data):
     """Every split of ``task`` as one batch from the LRA datamodule (prepare_data, then setup)."""
     from lra.datamodule import LRADataModule
 
-    config = {"source": "official", "source_dir": str(source), "cache_dir": str(tmp_path / "cache"),
-              "max_length": max_length, "options": {}, **data}
+    config = {
+        "source": "official",
+        "source_dir": str(source),
+        "cache_dir": str(tmp_path / "cache"),
+        "max_length": max_length,
+        "options": {},
+        **data,
+    }
     module = LRADataModule(task, seq_len, config, batch_size=1)
     module.prepare_data()
     module.setup()
-    return {split: next(iter(module._loader(split, shuffle=False, drop_last=False)))
-            for split in SPLITS}, module
+    return {split: next(iter(module._loader(split, shuffle=False, drop_last=False))) for split in SPLITS}, module
 
 
 def test_text_through_the_datamodule(imdb, tmp_path):
@@ -504,8 +528,11 @@ def test_text_through_the_datamodule(imdb, tmp_path):
 
     module = datamodule_batches("text", imdb, tmp_path, TEXT_LENGTH, 16)[1]
     rows = torch.stack([module.task_data.splits["train"][i]["input_ids"] for i in range(4)])
-    expected = [byte_ids(REVIEWS["train"][f][i].strip(), TEXT_LENGTH) + [0] * 4
-                for f in ("neg", "pos") for i in sorted(REVIEWS["train"][f])]
+    expected = [
+        byte_ids(REVIEWS["train"][f][i].strip(), TEXT_LENGTH) + [0] * 4
+        for f in ("neg", "pos")
+        for i in sorted(REVIEWS["train"][f])
+    ]
     assert rows.dtype == torch.int64 and rows.tolist() == expected
     assert module.task_data.data_source == "imdb"
     manifest = module.task_data.manifest
@@ -533,8 +560,7 @@ def test_image_through_the_datamodule_with_and_without_the_zero_pixel_mask(cifar
 
 def test_pathfinder_through_the_datamodule(pathfinder_folder, tmp_path):
     root, pixels, labels = pathfinder_folder
-    batches, module = datamodule_batches("pathfinder", root, tmp_path, SIDE * SIDE, SIDE * SIDE,
-                                         options={"split_seed": 3})
+    batches, module = datamodule_batches("pathfinder", root, tmp_path, SIDE * SIDE, SIDE * SIDE, options={"split_seed": 3})
     order = np.random.default_rng(3).permutation(12)
     assert batches["test"]["input_ids"][0].tolist() == pixels[order[10]].tolist()
     assert batches["test"]["label"].item() == labels[order[10]]

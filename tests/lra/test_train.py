@@ -1,5 +1,6 @@
 """``python -m lra.train`` end to end, as a user runs it (a subprocess, Hydra command line)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,9 +12,24 @@ import pandas as pd
 import pytest
 
 RESULT_KEYS = {
-    "task", "attention", "attention_hparams", "seed", "data_source", "protocol", "model", "steps",
-    "best_val_acc", "best_val_step", "test_acc", "wall_time_s", "peak_memory_mb", "device",
-    "torch_version", "git_commit", "config_hash", "status",
+    "task",
+    "attention",
+    "attention_hparams",
+    "seed",
+    "data_source",
+    "protocol",
+    "model",
+    "steps",
+    "best_val_acc",
+    "best_val_step",
+    "test_acc",
+    "wall_time_s",
+    "peak_memory_mb",
+    "device",
+    "torch_version",
+    "git_commit",
+    "config_hash",
+    "status",
 }
 
 
@@ -126,7 +142,7 @@ def test_a_failing_cell_is_recorded_the_sweep_goes_on_and_ends_with_a_summary(tm
     records = {r["data"]["source"]: r for r in map(json.loads, map(Path.read_text, results_files(tmp_path)))}
     assert records["generated"]["status"] == "finished"
     assert records["official"]["status"] == "failed" and "ListOps data not found" in records["official"]["error"]
-    summary = process.stdout[process.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished"):]
+    summary = process.stdout[process.stdout.index("Sweep: 2 cells, 1 finished, 1 not finished") :]
     assert "finished  listops / softmax / seed 0" in summary and "failed    listops / softmax / seed 0" in summary
     assert "FileNotFoundError: ListOps data not found in" in summary
     assert all(str(path.parent) in summary for path in results_files(tmp_path))
@@ -134,8 +150,11 @@ def test_a_failing_cell_is_recorded_the_sweep_goes_on_and_ends_with_a_summary(tm
 
 @pytest.mark.slow
 def test_a_shortened_run_adjusts_warmup_and_evaluation_and_says_so(tmp_path, run_train, tiny_overrides):
-    data_only = [o for o in tiny_overrides if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps",
-                                                                  "task.protocol.val_check_interval"))]
+    data_only = [
+        o
+        for o in tiny_overrides
+        if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps", "task.protocol.val_check_interval"))
+    ]
     process = run_train("task.protocol.max_steps=20", overrides=data_only)
     assert "Adjusted task.protocol.warmup_steps from 40 to 2" in process.stderr
     assert "Adjusted task.protocol.val_check_interval from 50 to 20" in process.stderr
@@ -149,7 +168,7 @@ def test_a_shortened_run_adjusts_warmup_and_evaluation_and_says_so(tmp_path, run
 
 @pytest.mark.slow
 def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path, run_train):
-    process = run_train("attention=yoso_32", "trainer.progress_bar=true")
+    process = run_train("attention=yoso_32", "trainer.enable_progress_bar=true")
     console = process.stdout + process.stderr
     for noise in ("litlogger", "LeafSpec", "v_num", "No CUDA runtime", "Seed set"):
         assert noise not in console, noise
@@ -165,8 +184,13 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_overrides):
     overrides = [*tiny_overrides, "task.protocol.max_steps=100", "task.protocol.val_check_interval=5"]
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
-    process = subprocess.Popen([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lra.train", *overrides],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while not list((tmp_path / "outputs").rglob("last.ckpt")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -180,8 +204,9 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
     before = pd.read_csv(path.parent / "metrics" / "metrics.csv")
     assert before["val/acc"].notna().sum() >= 1
 
-    resumed = subprocess.run([sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "lra.train", *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming the interrupted run" in resumed.stdout + resumed.stderr
     record = json.loads(path.read_text())
@@ -205,8 +230,7 @@ def train_log_evaluations(folder):
 
 @pytest.mark.slow
 def test_ddp_with_two_cpu_processes(tmp_path, run_train):
-    run_train("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-              "trainer.num_workers=0")
+    run_train("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true", "num_workers=0")
     (path,) = results_files(tmp_path)
     record = json.loads(path.read_text())
     assert record["status"] == "finished" and record["processes"] == 2 and record["steps"] == 6
@@ -221,3 +245,19 @@ def test_joblib_sweep_runs_cells_in_parallel_processes(tmp_path, run_train):
     assert sorted(r["attention"] for r in records) == ["none", "softmax"]
     assert all(r["status"] == "finished" for r in records)
     assert "Sweep: 2 cells, 2 finished, 0 not finished" in process.stdout, "the workers report to the summary"
+
+
+@pytest.mark.slow
+def test_the_tensorboard_logger_writes_event_files_in_the_run_folder(tmp_path, run_train):
+    run_train("logger=tensorboard")
+    (path,) = results_files(tmp_path)
+    assert json.loads(path.read_text())["status"] == "finished"
+    assert list((path.parent / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_a_logger_whose_package_is_missing_is_one_clear_message(tmp_path, run_train):
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here; the project does not require it, so CI has none")
+    process = run_train("logger=wandb", check=False)
+    assert_one_clear_message(process, "the logger (pytorch_lightning.loggers.WandbLogger) needs a package", "RuntimeError")

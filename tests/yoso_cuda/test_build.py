@@ -86,9 +86,16 @@ def test_the_build_lock_removes_a_stale_torch_lock_and_dies_with_its_holder(tmp_
     with build.build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from yoso_cuda.build import build_lock\n"
-         "with build_lock(Path(sys.argv[1])):\n    print('held', flush=True); input()", str(tmp_path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from yoso_cuda.build import build_lock\n"
+            "with build_lock(Path(sys.argv[1])):\n    print('held', flush=True); input()",
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -130,9 +137,7 @@ def yoso_env(extensions, **variables):
 
 
 def run_module(env, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "yoso_cuda", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "-m", "yoso_cuda", *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -168,7 +173,9 @@ def test_require_turns_a_failed_cuda_build_into_an_error(extensions, tmp_path):
     env = yoso_env(extensions, CUDA_HOME=str(fake_toolkit(tmp_path / "cuda", torch_cuda_release())), YOSO_KERNELS="require")
     stdout, stderr = run_python(USE_OPS, env).communicate(timeout=300)
     assert "cpu kernels" not in stdout
-    assert "KernelBuildError: YOSO_KERNELS=require and YOSO's kernels failed to build: cuda: RuntimeError: Error building" in stderr
+    assert (
+        "KernelBuildError: YOSO_KERNELS=require and YOSO's kernels failed to build: cuda: RuntimeError: Error building" in stderr
+    )
 
     process = run_module(env)
     assert process.returncode == 1
@@ -204,7 +211,13 @@ def test_the_cuda_library_adds_a_cuda_kernel_to_every_op():
     if not report.cuda.wanted:
         pytest.skip(f"no CUDA kernels wanted here: {report.cuda.reason}")
     assert report.cpu.loaded and report.cuda.loaded, report.cuda.reason
-    for name in ("hash_codes", "lsh_cumulation", "lsh_weighted_cumulation", "lsh_weighted_cumulation_both", "lsh_collided_gradient"):
+    for name in (
+        "hash_codes",
+        "lsh_cumulation",
+        "lsh_weighted_cumulation",
+        "lsh_weighted_cumulation_both",
+        "lsh_collided_gradient",
+    ):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"yoso::{name}", "CUDA"), name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"yoso::{name}", "CPU"), name
 

@@ -10,8 +10,14 @@ import torch
 from yoso_cuda import check, ops, reference
 
 OPS = [
-    "hash_codes", "lsh_cumulation", "lsh_weighted_cumulation", "lsh_weighted_cumulation_both", "lsh_collided_gradient",
-    "lsh_attention (forward)", "lsh_attention (backward, lower_bound)", "lsh_attention (backward, exact)",
+    "hash_codes",
+    "lsh_cumulation",
+    "lsh_weighted_cumulation",
+    "lsh_weighted_cumulation_both",
+    "lsh_collided_gradient",
+    "lsh_attention (forward)",
+    "lsh_attention (backward, lower_bound)",
+    "lsh_attention (backward, exact)",
 ]
 
 
@@ -62,7 +68,9 @@ def test_a_kernel_that_disagrees_with_the_reference_is_a_fail(monkeypatch):
     hashing = verdicts["hash_codes"]
     assert not hashing.passed and hashing.differing_codes == hashing.total_codes > 0
     raised = verdicts["lsh_weighted_cumulation"]
-    assert not raised.passed and raised.failure.endswith("raised RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert not raised.passed and raised.failure.endswith(
+        "raised RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
     assert verdicts["lsh_collided_gradient"].passed, verdicts["lsh_collided_gradient"].line()
 
 

@@ -56,14 +56,33 @@ class Case:
 CASES = [
     Case("n1", batch=2, num_queries=1, num_keys=1, dim=16, channels=16, hash_bits=8, num_hashes=4),
     Case("n7_two_buckets", batch=2, num_queries=7, num_keys=7, dim=32, channels=32, hash_bits=1, num_hashes=4),
-    Case("n4097", batch=1, num_queries=4097, num_keys=4097, dim=32, channels=32, hash_bits=12, num_hashes=2, dtypes=(torch.float32,)),
+    Case(
+        "n4097",
+        batch=1,
+        num_queries=4097,
+        num_keys=4097,
+        dim=32,
+        channels=32,
+        hash_bits=12,
+        num_hashes=2,
+        dtypes=(torch.float32,),
+    ),
     # tau = 1: two buckets of ~350 keys, past the 256-key staging of the heavy-bucket tables and the
     # 64-key pieces of the bucket sums; more queries than keys would not reach them, so nq < nk.
     Case("crowded_nq_ne_nk", batch=2, num_queries=64, num_keys=700, dim=16, channels=24, hash_bits=1, num_hashes=2),
     # Widths past the 128-column register tiles, 33 hashes (the first-collision scan spans two warps'
     # worth of hashes), and a chunk budget that fits few hashes at a time.
-    Case("wide_33_hashes_chunked", batch=2, num_queries=40, num_keys=33, dim=160, channels=136, hash_bits=5, num_hashes=33,
-         chunk_bytes=20_000),
+    Case(
+        "wide_33_hashes_chunked",
+        batch=2,
+        num_queries=40,
+        num_keys=33,
+        dim=160,
+        channels=136,
+        hash_bits=5,
+        num_hashes=33,
+        chunk_bytes=20_000,
+    ),
 ]
 
 
@@ -82,12 +101,17 @@ def make_inputs(case: Case, dtype: torch.dtype, seed: int = 0) -> dict[str, torc
         query_mask[-1], key_mask[-1] = False, False
     floats = lambda *shape: torch.randn(*shape, generator=generator).to(dtype)  # noqa: E731
     return dict(
-        queries=queries.to(dtype), keys=keys.to(dtype), signs=signs,
+        queries=queries.to(dtype),
+        keys=keys.to(dtype),
+        signs=signs,
         query_codes=reference.hash_codes(queries, signs, case.num_hashes, case.hash_bits),
         key_codes=reference.hash_codes(keys, signs, case.num_hashes, case.hash_bits),
-        query_mask=query_mask, key_mask=key_mask,
-        query_weights=floats(b, nq, d), key_weights=floats(b, nk, d),
-        query_values=floats(b, nq, case.channels), key_values=floats(b, nk, case.channels),
+        query_mask=query_mask,
+        key_mask=key_mask,
+        query_weights=floats(b, nq, d),
+        key_weights=floats(b, nk, d),
+        query_values=floats(b, nq, case.channels),
+        key_values=floats(b, nk, case.channels),
     )
 
 
@@ -97,7 +121,15 @@ def op_arguments(op: str, x: dict, hash_bits: int) -> tuple:
         "lsh_cumulation": (qc, qm, kc, km, x["key_values"], hash_bits),
         "lsh_weighted_cumulation": (qc, qm, x["query_weights"], kc, km, x["key_weights"], x["key_values"], hash_bits),
         "lsh_weighted_cumulation_both": (
-            qc, qm, x["query_weights"], x["query_values"], kc, km, x["key_weights"], x["key_values"], hash_bits,
+            qc,
+            qm,
+            x["query_weights"],
+            x["query_values"],
+            kc,
+            km,
+            x["key_weights"],
+            x["key_values"],
+            hash_bits,
         ),
         "lsh_collided_gradient": (qc, qm, x["queries"], x["query_weights"], kc, km, x["keys"], x["key_weights"], hash_bits),
     }[op]
@@ -139,8 +171,9 @@ def test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeyp
 def test_hash_codes_match_the_reference_under_every_schedule(emulated, case, dim):
     """Widths 16..1024 (one or several vectors per block). The butterfly and the reference's matmul
     round differently, so a coordinate within rounding of zero may flip a bit: rare flips only."""
-    x = make_inputs(Case(case.name, case.batch, case.num_queries, case.num_keys, dim, 8, case.hash_bits, case.num_hashes),
-                    torch.float32)
+    x = make_inputs(
+        Case(case.name, case.batch, case.num_queries, case.num_keys, dim, 8, case.hash_bits, case.num_hashes), torch.float32
+    )
     args = (x["queries"], x["signs"], case.num_hashes, case.hash_bits)
     (codes,) = run_every_schedule(emulated, "hash_codes", args)
     expected = reference.hash_codes(*args)
@@ -197,8 +230,21 @@ def test_sanitized_build(tmp_path):
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)), "-k", "not n4097 and not sanitized"],
-        env=env, capture_output=True, text=True, timeout=1500,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(Path(__file__)),
+            "-k",
+            "not n4097 and not sanitized",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert " passed" in result.stdout and " failed" not in result.stdout

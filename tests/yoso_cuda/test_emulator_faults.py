@@ -13,7 +13,9 @@ pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="the emulato
 
 def fault_kernels():  # built once: emulator.build caches
     return emulator.build(
-        Path(__file__).with_name("emulator_faults.cu"), namespace="yoso_emu_faults", schemas=("fault(Tensor x, int which) -> Tensor",)
+        Path(__file__).with_name("emulator_faults.cu"),
+        namespace="yoso_emu_faults",
+        schemas=("fault(Tensor x, int which) -> Tensor",),
     )
 
 
@@ -27,7 +29,11 @@ def fault():
     "which, report",
     [
         (0, "divergent __syncthreads: thread"),
-        (1, r"exited while \d+ thread\(s\) wait at __syncthreads \(line \d+\)|reached by thread .* after 1 thread\(s\) of the block exited"),
+        (
+            1,
+            r"exited while \d+ thread\(s\) wait at __syncthreads \(line \d+\)"
+            r"|reached by thread .* after 1 thread\(s\) of the block exited",
+        ),
         (2, r"mismatched warp collectives in warp \d: thread .* calls __shfl(_xor)?_sync \(line \d+\)"),
         (3, "lane 3, which has exited|exited while lanes .* wait for it in __shfl_sync"),
         (4, r"reads lane 20 in __shfl_sync \(line \d+\), outside the mask 0xffff"),

@@ -51,8 +51,14 @@ def case(length, dim, tau, dtype, device, num_hashes=4, seed=0):
     to = lambda t: t.to(device)  # noqa: E731
     floats = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
     return dict(
-        queries=floats(queries), keys=floats(keys), signs=to(signs), query_codes=to(query_codes),
-        key_codes=to(key_codes), mask=to(mask), weights=floats(weights), values=floats(values),
+        queries=floats(queries),
+        keys=floats(keys),
+        signs=to(signs),
+        query_codes=to(query_codes),
+        key_codes=to(key_codes),
+        mask=to(mask),
+        weights=floats(weights),
+        values=floats(values),
     )
 
 
@@ -154,11 +160,38 @@ def raw_op_calls(c, tau):
     return {
         "hash_codes": (c["queries"], c["signs"], 4, tau),
         "lsh_cumulation": (c["query_codes"], c["mask"], c["key_codes"], c["mask"], c["values"], tau),
-        "lsh_weighted_cumulation": (c["query_codes"], c["mask"], c["weights"], c["key_codes"], c["mask"], c["values"], c["keys"], tau),
-        "lsh_weighted_cumulation_both": (
-            c["query_codes"], c["mask"], c["weights"], c["queries"], c["key_codes"], c["mask"], c["values"], c["keys"], tau
+        "lsh_weighted_cumulation": (
+            c["query_codes"],
+            c["mask"],
+            c["weights"],
+            c["key_codes"],
+            c["mask"],
+            c["values"],
+            c["keys"],
+            tau,
         ),
-        "lsh_collided_gradient": (c["query_codes"], c["mask"], c["queries"], c["weights"], c["key_codes"], c["mask"], c["keys"], c["values"], tau),
+        "lsh_weighted_cumulation_both": (
+            c["query_codes"],
+            c["mask"],
+            c["weights"],
+            c["queries"],
+            c["key_codes"],
+            c["mask"],
+            c["values"],
+            c["keys"],
+            tau,
+        ),
+        "lsh_collided_gradient": (
+            c["query_codes"],
+            c["mask"],
+            c["queries"],
+            c["weights"],
+            c["key_codes"],
+            c["mask"],
+            c["keys"],
+            c["values"],
+            tau,
+        ),
     }
 
 
@@ -171,7 +204,9 @@ def test_opcheck_of_the_raw_ops(device):
         tests = ("test_autograd_registration",) if name == "lsh_collided_gradient" else OPCHECK_TESTS
         torch.library.opcheck(getattr(torch.ops.yoso, name), args, test_utils=tests)
     plain = raw_op_calls(c, 5)["lsh_collided_gradient"]
-    torch.library.opcheck(torch.ops.yoso.lsh_collided_gradient, plain, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(
+        torch.ops.yoso.lsh_collided_gradient, plain, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -215,7 +250,18 @@ def test_opcheck_of_the_differentiable_attention(device, backend, backward):
     torch.library.opcheck(torch.ops.yoso.lsh_attention, (*args, backward, backend), test_utils=OPCHECK_TESTS)
     c = case(33, 16, 5, torch.float32, device)
     grad = torch.randn(2, 33, 16).to(device)
-    backward_args = (grad, c["queries"], c["keys"], c["values"], c["mask"], c["query_codes"], c["key_codes"], 5, backward, backend)
+    backward_args = (
+        grad,
+        c["queries"],
+        c["keys"],
+        c["values"],
+        c["mask"],
+        c["query_codes"],
+        c["key_codes"],
+        5,
+        backward,
+        backend,
+    )
     tests = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")  # its inputs need no gradient
     torch.library.opcheck(torch.ops.yoso.lsh_attention_backward, backward_args, test_utils=tests)
 
@@ -234,13 +280,16 @@ def test_differentiable_attention_on_the_kernels_matches_the_reference(device, d
     for name, kernel_value, reference_value in zip(("out", "grad q", "grad k", "grad v"), *results):
         assert kernel_value.dtype == (torch.float32 if name == "out" else dtype), name
         tolerance = TOLERANCE[dtype]
-        torch.testing.assert_close(kernel_value, reference_value, rtol=tolerance, atol=tolerance, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            kernel_value, reference_value, rtol=tolerance, atol=tolerance, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_backend_compiled_without_kernels_is_a_clear_error():
     code = (
         "import torch, yoso_cuda\n"
-        "codes, mask, values = torch.zeros(1, 4, 2, dtype=torch.int32), torch.ones(1, 4, dtype=torch.bool), torch.arange(12.0).view(1, 4, 3)\n"
+        "codes, mask = torch.zeros(1, 4, 2, dtype=torch.int32), torch.ones(1, 4, dtype=torch.bool)\n"
+        "values = torch.arange(12.0).view(1, 4, 3)\n"
         "print(yoso_cuda.lsh_cumulation(codes, mask, codes, mask, values, 3, backend='reference').sum().item())\n"
         "for backend in ('compiled', 'fast'):\n"
         "    try:\n"
@@ -253,7 +302,9 @@ def test_backend_compiled_without_kernels_is_a_clear_error():
     assert process.returncode == 0, process.stderr[-2000:]
     lines = process.stdout.splitlines()
     assert float(lines[0]) == 4 * 66, "one bucket: every query sums every value"
-    assert lines[1].startswith("RuntimeError backend='compiled', but YOSO's cpu kernels are not built (disabled by YOSO_KERNELS=0)")
+    assert lines[1].startswith(
+        "RuntimeError backend='compiled', but YOSO's cpu kernels are not built (disabled by YOSO_KERNELS=0)"
+    )
     assert lines[2].startswith("ValueError backend must be one of 'auto', 'compiled', 'reference', got 'fast'")
 
 

@@ -21,7 +21,10 @@ def random_case(tau, seed=0, batch=2, nq=23, nk=31, dim=8):
     key_codes = torch.randint(0, 2**tau, (batch, nk, num_hashes), generator=generator, dtype=torch.int32)
     query_mask = torch.rand(batch, nq, generator=generator) < 0.8
     key_mask = torch.rand(batch, nk, generator=generator) < 0.8
-    tensors = {name: torch.randn(batch, n, dim, generator=generator) for name, n in (("qw", nq), ("qv", nq), ("kw", nk), ("kv", nk), ("v", nk))}
+    tensors = {
+        name: torch.randn(batch, n, dim, generator=generator)
+        for name, n in (("qw", nq), ("qv", nq), ("kw", nk), ("kv", nk), ("v", nk))
+    }
     tensors["qv"], tensors["kv"] = (torch.nn.functional.normalize(tensors[k], dim=-1) for k in ("qv", "kv"))
     return query_codes, query_mask, key_codes, key_mask, tensors
 
@@ -60,9 +63,7 @@ def test_lsh_collided_gradient_counts_each_colliding_pair_once(tau):
     derivative = tau * p ** (tau - 1) / (math.pi * torch.sqrt(1 - x * x))
     weights = (t["qw"].double() @ t["kw"].double().transpose(-1, -2)) * derivative * collided
     expected = weights @ t["kv"].double()
-    out = reference.lsh_collided_gradient(
-        query_codes, query_mask, t["qv"], t["qw"], key_codes, key_mask, t["kv"], t["kw"], tau
-    )
+    out = reference.lsh_collided_gradient(query_codes, query_mask, t["qv"], t["qw"], key_codes, key_mask, t["kv"], t["kw"], tau)
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import os
 import subprocess
 from collections import Counter
 from dataclasses import dataclass
@@ -66,7 +65,10 @@ def sanitizer_preload() -> str:
     """``LD_PRELOAD`` for a process running the sanitized build: libasan first, and libstdc++ so that
     ASan's ``__cxa_throw`` interceptor finds the real one (Python itself does not link libstdc++)."""
     libraries = ("libasan.so", "libstdc++.so.6")
-    found = [subprocess.run(["c++", f"-print-file-name={name}"], capture_output=True, text=True, check=True).stdout.strip() for name in libraries]
+    found = [
+        subprocess.run(["c++", f"-print-file-name={name}"], capture_output=True, text=True, check=True).stdout.strip()
+        for name in libraries
+    ]
     return " ".join(str(Path(path).resolve()) for path in found)
 
 
@@ -111,7 +113,13 @@ def build(
     if not rewritten.exists() or rewritten.read_text() != text:  # an unchanged file keeps ninja's cache valid
         rewritten.write_text(text)
     flags = ["-O1", "-g"] + SANITIZER_FLAGS if sanitize else ["-O2"]
-    flags += [f"-I{HERE}", f"-I{source.parent}", f"-I{CUDA_SOURCE.parent}", f"-DEMU_NAMESPACE={namespace}", "-Wno-unknown-pragmas"]
+    flags += [
+        f"-I{HERE}",
+        f"-I{source.parent}",
+        f"-I{CUDA_SOURCE.parent}",
+        f"-DEMU_NAMESPACE={namespace}",
+        "-Wno-unknown-pragmas",
+    ]
     with build_lock(build_directory):
         library = cpp_extension.load(
             name=namespace,

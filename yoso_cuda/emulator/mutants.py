@@ -94,7 +94,9 @@ MUTANTS = [
 def mutate(source: str, mutant: Mutant) -> str:
     found = source.count(mutant.original)
     if found != 1:
-        raise SystemExit(f"mutant {mutant.name}: its snippet occurs {found} times in {CUDA_SOURCE} (expected once): update MUTANTS")
+        raise SystemExit(
+            f"mutant {mutant.name}: its snippet occurs {found} times in {CUDA_SOURCE} (expected once): update MUTANTS"
+        )
     return source.replace(mutant.original, mutant.mutated)
 
 
@@ -148,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(rows)
     if args.out:
         args.out.write_text(table + "\n")
-    print(f"\n{len(rows) - 2 - len(survivors)} of {len(rows) - 2} mutants caught" + (f"; survived: {', '.join(survivors)}" if survivors else ""))
+    print(
+        f"\n{len(rows) - 2 - len(survivors)} of {len(rows) - 2} mutants caught"
+        + (f"; survived: {', '.join(survivors)}" if survivors else "")
+    )
     return 1 if survivors else 0
 
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:c10/cuda/|ATen/cuda/|cub/|cuda_runtime|cuda\.h|cuda_fp16|cuda_bf16)[^>"]*[>"].*$', re.M)
+_INCLUDE = re.compile(
+    r'^[ \t]*#[ \t]*include[ \t]*[<"](?:c10/cuda/|ATen/cuda/|cub/|cuda_runtime|cuda\.h|cuda_fp16|cuda_bf16)[^>"]*[>"].*$', re.M
+)
 _KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\s*([^,()]+?)\s*(?:,[^()]*)?\)\s+)?(\w+)\s*\(")
 _SHARED = re.compile(r"(?<!extern )__shared__\s+([\w:]+(?:\s*<[^;<>]*>)?)\s+(\w+)\s*((?:\[[^\]]+\])*)\s*;")
 _DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
@@ -70,7 +72,9 @@ def rewrite(source: str, namespace: str, filename: str) -> tuple[str, Counter, l
     for number, line in enumerate(text.splitlines(), 1):
         for token in _LEFTOVERS:
             if token in line.split("//")[0]:
-                raise RewriteError(f"{filename}:{number}: '{token}' is not emulated (extend rewrite.py and runtime.h): {line.strip()}")
+                raise RewriteError(
+                    f"{filename}:{number}: '{token}' is not emulated (extend rewrite.py and runtime.h): {line.strip()}"
+                )
     return f'#line 1 "{filename}"\n' + text, counts, ops
 
 
@@ -103,7 +107,10 @@ def _launches(text: str, bounds: dict[str, str], counts: Counter) -> str:
         config = text[start + 3 : config_end]
         args = text[args_open + 1 : args_close]
         out.append(text[position : name_match.start()])
-        out.append(f'::emu::launch(::emu::LaunchConfig({config}), "{name}", {bounds[name]}, {kernel}{", " if args.strip() else ""}{args})')
+        out.append(
+            f'::emu::launch(::emu::LaunchConfig({config}), "{name}", {bounds[name]}, {kernel}'
+            f"{', ' if args.strip() else ''}{args})"
+        )
         counts["launches"] += 1
         position = args_close + 1
     out.append(text[position:])

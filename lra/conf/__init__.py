@@ -1,0 +1,1 @@
+"""The Hydra configuration of ``python -m lra.train``, shipped with the package (``lra.config`` composes it)."""

@@ -1,0 +1,79 @@
+"""The Hydra configuration shipped in ``lra/conf``, and what Python adds to it.
+
+Every command reads the configuration through Hydra (``python -m lra.train`` through ``@hydra.main``,
+library code and the other commands through :func:`compose`), never by a path into the source tree,
+so an installed copy works from any folder. Python adds:
+
+* the config group ``attention_zoo``: every registered attention (with its defaults) and every
+  registered preset, each as ``{name, hparams}`` with every hyperparameter. A file
+  ``conf/attention/<row>.yaml`` selects one (``defaults: [/attention_zoo@_here_: <name>]``) and may
+  override some of its hyperparameters, so the values live once, in ``attention_zoo``, and every one
+  of them can be changed on the command line as ``attention.hparams.<key>=...``;
+* the resolvers ``lra_run_name`` (a run folder's name from its overrides) and ``lra_table3_rows``
+  (the YOSO paper's rows, :mod:`lra.paper`, which ``experiment=table3`` sweeps).
+
+This module imports ``attention_zoo`` (and so torch) but not Lightning, the model or the data:
+composing a configuration (``--cfg job``, ``--help``) does not pay for what only training needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+import attention_zoo
+
+from . import paper
+
+CONFIG_MODULE = "lra.conf"
+CONFIG_NAME = "config"
+MAX_RUN_NAME = 120  # file names are limited to 255 bytes
+
+
+def run_name(overrides: str) -> str:
+    """The run folder's name: the command-line overrides, "default" for none.
+
+    A long list is cut and suffixed with a hash of the whole list, so the name stays unique and
+    within file-name limits; the full list is in the run's ``.hydra/overrides.yaml``.
+    """
+    if not overrides:
+        return "default"
+    if len(overrides) <= MAX_RUN_NAME:
+        return overrides
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:12]
+    return f"{overrides[: MAX_RUN_NAME - 13]}-{digest}"
+
+
+def register() -> None:
+    """Add the resolvers and the ``attention_zoo`` group (again, to pick up attentions registered since)."""
+    OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
+    OmegaConf.register_new_resolver("lra_table3_rows", lambda: ",".join(paper.ROWS), replace=True)
+    store = ConfigStore.instance()
+    for name in attention_zoo.available():
+        store.store(group="attention_zoo", name=name, node=_node(name, name))
+    for name, preset in attention_zoo.presets().items():
+        store.store(group="attention_zoo", name=name, node=_node(name, preset.attention))
+
+
+def _node(name: str, attention: str) -> dict:
+    return {"name": attention, "hparams": dataclasses.asdict(attention_zoo.make_config(name))}
+
+
+def compose(overrides: Iterable[str] = (), *, return_hydra_config: bool = False) -> DictConfig:
+    """The configuration ``python -m lra.train OVERRIDES`` runs with (unresolved)."""
+    register()
+    with hydra.initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return hydra.compose(CONFIG_NAME, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def attention_rows() -> list[str]:
+    """The options of the ``attention`` group: one per ``conf/attention/<row>.yaml``, sorted."""
+    register()
+    with hydra.initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return GlobalHydra.instance().config_loader().get_group_options("attention")

@@ -1,0 +1,156 @@
+"""Train and test one configured run with Lightning: the part of ``python -m lra.train`` that needs the model.
+
+:mod:`lra.train` imports this module only when a run actually trains, so that composing a
+configuration (``--cfg job``, ``--help``) does not pay for Lightning, the model and the data.
+The Trainer's arguments come from ``conf/trainer``, its callbacks from ``conf/callbacks`` and its
+logger from ``conf/logger``; the protocol adds the number of steps and the evaluation schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pytorch_lightning as pl
+import torch
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+
+from . import results
+from .datamodule import LRADataModule
+from .module import LRAClassificationModule
+
+log = logging.getLogger(__name__)
+# Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
+file_log = logging.getLogger("lra.train.file")
+
+
+class EvaluationLog(Callback):
+    """Each evaluation's result into train.log, as it happens (the console has the progress bar)."""
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
+            file_log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+
+
+@contextmanager
+def without_known_warnings():
+    """Silence Lightning's and torch's warnings about this harness's deliberate choices, for one block.
+
+    A deprecation inside Lightning that torch announces on every run; no loader workers on a CPU,
+    where they would compete with the model for the cores; shuffled validation batches, a fresh
+    random subset at each evaluation like the original dev stream; and the callbacks a
+    single-process test after a DDP run does not need.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
+        warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint need to be provided.*")
+        yield
+
+
+def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, with a missing optional package (tensorboard, wandb) named in one message."""
+    try:
+        return hydra.utils.instantiate(node, **kwargs)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ModuleNotFoundError | ImportError):
+            raise RuntimeError(f"{what} ({node._target_}) needs a package that is not installed: {error.__cause__}") from None
+        raise
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step a Lightning checkpoint was saved at."""
+    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
+def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, world_size: int) -> dict[str, Any]:
+    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record."""
+    protocol = cfg.task.protocol
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = LRADataModule(
+        task=cfg.task.name,
+        seq_len=cfg.task.seq_len,
+        data=OmegaConf.to_container(cfg.task.data, resolve=True),
+        batch_size=protocol.batch_size // world_size,
+        num_workers=cfg.num_workers,
+        seed=cfg.seed,
+    )
+    module = LRAClassificationModule(
+        task=cfg.task.name,
+        seq_len=cfg.task.seq_len,
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention=OmegaConf.to_container(cfg.attention, resolve=True),
+        lr=protocol.lr,
+        warmup_steps=protocol.warmup_steps,
+        max_steps=protocol.max_steps,
+        weight_decay=protocol.weight_decay,
+    )
+    callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
+    # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
+    resume = {"resume_step": checkpoint_step(resume_from)} if resume_from and "resume_step" in cfg.logger else {}
+    logger = instantiate(cfg.logger, "the logger", **resume)
+    trainer = pl.Trainer(
+        **cfg.trainer,
+        max_steps=protocol.max_steps,
+        val_check_interval=protocol.val_check_interval,
+        check_val_every_n_epoch=None,
+        # Batches are global (each process reads its share of each, see LRADataModule), so a DDP
+        # run evaluates on the samples the single-process run does.
+        limit_val_batches=protocol.limit_val_batches,
+        use_distributed_sampler=False,
+        callbacks=callbacks,
+        logger=logger,
+        log_every_n_steps=min(50, protocol.val_check_interval),
+        default_root_dir=output_dir,
+    )
+    checkpoint = trainer.checkpoint_callback
+    if not isinstance(checkpoint, ModelCheckpoint):
+        raise ValueError("the callbacks must include a ModelCheckpoint (callbacks.checkpoint): its best checkpoint is tested")
+    with without_known_warnings():
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if not checkpoint.best_model_path:
+        raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
+    # What actually ran (the strategy may differ from what the config asked for).
+    device, steps, world_size = trainer.strategy.root_device, trainer.global_step, trainer.world_size
+    if trainer.world_size > 1:
+        # The test runs once, on rank 0 alone: a distributed sampler would pad the test set with
+        # repeated samples. The other ranks are done.
+        if trainer.global_rank != 0:
+            return {}
+        torch.distributed.destroy_process_group()
+        trainer = pl.Trainer(
+            accelerator=cfg.trainer.accelerator,
+            devices=[device.index] if device.type == "cuda" else 1,
+            precision=cfg.trainer.precision,
+            logger=False,
+            enable_progress_bar=cfg.trainer.enable_progress_bar,
+        )
+    with without_known_warnings():
+        test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
+    peak_memory, peak_memory_kind = results.peak_memory_mb(device)
+    return {
+        "data_source": datamodule.task_data.data_source,
+        "data_folder": str(datamodule.task_data.folder),
+        "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
+        "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
+        "num_parameters": sum(p.numel() for p in module.model.parameters()),
+        "steps": steps,
+        "processes": world_size,
+        "best_val_acc": float(checkpoint.best_model_score),
+        "best_val_step": checkpoint_step(Path(checkpoint.best_model_path)),
+        "test_acc": test_metrics["test/acc"],
+        "test_loss": test_metrics["test/loss"],
+        "best_checkpoint": str(checkpoint.best_model_path),
+        "peak_memory_mb": round(peak_memory, 1),
+        "peak_memory_kind": peak_memory_kind,
+        "device": results.device_name(device),
+        "precision": str(cfg.trainer.precision),
+    }
