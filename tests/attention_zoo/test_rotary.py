@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import attention_zoo
 from attention_zoo import MultiHeadAttention
 from attention_zoo.rotary import apply_rotary, rotary_angles
 
@@ -71,3 +72,16 @@ def test_an_attention_with_tied_queries_and_keys_gets_them_rotated_alike():
     layer = MultiHeadAttention(16, 2, "reformer", seq_len=16, head_dim=8, rotary=True).eval()
     out = layer(torch.randn(2, 16, 16), torch.ones(2, 16, dtype=torch.bool))
     assert out.shape == (2, 16, 16) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", attention_zoo.available())
+def test_every_registered_attention_takes_rotary_positions(name):
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 2, name, seq_len=64, head_dim=8, rotary=True).eval()
+    x = torch.randn(2, 64, 16, requires_grad=True)
+    mask = torch.ones(2, 64, dtype=torch.bool)
+    mask[1, 40:] = False
+    out = layer(x, mask)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    out[mask].sum().backward()
+    assert torch.isfinite(x.grad).all()
