@@ -125,6 +125,7 @@ def test_todays_default_runs_keep_their_config_hash():
 def test_pretrain_then_finetune_end_to_end_and_the_pretraining_is_reused(tmp_path, run_train):
     sweep = run_train("pretrain=none,mlm", "attention=softmax", flags=["-m"])
     assert "2 finished" in sweep.stdout + sweep.stderr
+    assert "listops / softmax / seed 0 / pretrain mlm" in sweep.stdout + sweep.stderr  # the summary tells the cells apart
     (pretraining,) = (tmp_path / "outputs" / "pretrain" / "listops").glob("softmax-mlm-seed0-*/results.json")
     pre = json.loads(pretraining.read_text())
     assert pre["status"] == "finished" and pre["stage"] == "pretraining" and pre["steps"] == 6
