@@ -29,7 +29,7 @@ from .registry import (
     unregister,
 )
 
-_INFRASTRUCTURE = {"registry", "multihead"}
+_INFRASTRUCTURE = {"registry", "multihead", "rotary"}
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_") and _module.name not in _INFRASTRUCTURE:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .registry import build
+from .rotary import apply_rotary, rotary_angles
 
 
 class MultiHeadAttention(nn.Module):
@@ -23,6 +24,8 @@ class MultiHeadAttention(nn.Module):
         attention_in_fp32: run every core attention in float32, also under autocast, as the YOSO and
             Nystromformer LRA code does (the projections still run in the autocast dtype); when
             False, only attentions whose arithmetic needs it do (``Attention.float32``).
+        rotary: rotate queries and keys by their positions (:mod:`attention_zoo.rotary`) before the core
+            attention, so that any attention sees relative positions.
         **hparams: the core attention's own hyperparameters.
     """
 
@@ -35,6 +38,7 @@ class MultiHeadAttention(nn.Module):
         seq_len: int,
         head_dim: int | None = None,
         attention_in_fp32: bool = True,
+        rotary: bool = False,
         **hparams: Any,
     ) -> None:
         super().__init__()
@@ -44,6 +48,9 @@ class MultiHeadAttention(nn.Module):
             head_dim = dim // num_heads
         self.num_heads = num_heads
         self.head_dim = head_dim
+        self.rotary = rotary
+        if rotary:
+            rotary_angles(1, head_dim)  # an odd head_dim fails here, at construction
         self.attention = build(attention, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, **hparams)
         self.attention.in_float32 = self.attention.in_float32 or attention_in_fp32
         inner = num_heads * head_dim
@@ -64,6 +71,10 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.query(x))  # (b, h, n, d)
         k = q if self.key is None else self.split_heads(self.key(x))  # (b, h, n, d)
         v = self.split_heads(self.value(x))  # (b, h, n, d)
+        if self.rotary:
+            angles = rotary_angles(x.shape[1], self.head_dim, device=x.device)  # (n, d/2)
+            q = apply_rotary(q, angles)
+            k = q if self.key is None else apply_rotary(k, angles)
         out = self.attention(q, k, v, mask)  # (b, h, n, d), in the dtype of v
         batch, _, seq, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)  # (b, n, h*d)

@@ -23,7 +23,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
 from . import results
 from .datamodule import LRADataModule
-from .module import LRAClassificationModule
+from .module import LRAClassificationModule, LRAMaskedLMModule, load_pretrained_encoder
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -71,8 +71,19 @@ def checkpoint_step(path: Path) -> int:
     return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
 
 
-def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, world_size: int) -> dict[str, Any]:
-    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record."""
+def fit_and_test(
+    cfg: DictConfig,
+    output_dir: Path,
+    resume_from: Path | None,
+    world_size: int,
+    stage: str = "classification",
+    init_from: Path | None = None,
+) -> dict[str, Any]:
+    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record.
+
+    ``stage`` ``pretraining`` trains ``cfg.pretrain``'s objective (masked prediction) instead of the
+    classifier; ``init_from`` is a pretraining checkpoint the classifier's encoder starts from.
+    """
     protocol = cfg.task.protocol
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = LRADataModule(
@@ -83,7 +94,7 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, wo
         num_workers=cfg.num_workers,
         seed=cfg.seed,
     )
-    module = LRAClassificationModule(
+    settings = dict(
         task=cfg.task.name,
         seq_len=cfg.task.seq_len,
         model=OmegaConf.to_container(cfg.model, resolve=True),
@@ -93,6 +104,12 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, wo
         max_steps=protocol.max_steps,
         weight_decay=protocol.weight_decay,
     )
+    if stage == "pretraining":
+        module = LRAMaskedLMModule(**settings, mask_rate=cfg.pretrain.mask_rate)
+    else:
+        module = LRAClassificationModule(**settings)
+        if init_from is not None:
+            load_pretrained_encoder(module, init_from)
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
     resume = {"resume_step": checkpoint_step(resume_from)} if resume_from and "resume_step" in cfg.logger else {}
@@ -141,7 +158,7 @@ def fit_and_test(cfg: DictConfig, output_dir: Path, resume_from: Path | None, wo
         "data_folder": str(datamodule.task_data.folder),
         "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
         "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
-        "num_parameters": sum(p.numel() for p in module.model.parameters()),
+        "num_parameters": sum(p.numel() for p in module.parameters()),
         "steps": steps,
         "processes": world_size,
         "best_val_acc": float(checkpoint.best_model_score),

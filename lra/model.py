@@ -4,6 +4,8 @@ Token and learned absolute position embeddings (both N(0, 0.02)), dropout, then 
 blocks ``x + Dropout(Attention(LN(x)))`` and ``x + MLP(LN(x))`` with a GELU MLP, a final LayerNorm
 whose output is zeroed at padded positions, mean pooling, and a two-layer ReLU classifier head.
 The paper's sizes are the defaults: 2 layers, width 64, 2 heads of 32, FFN 128, dropout 0.1.
+``positions="rotary"`` replaces the learned position embedding by rotary positions on every
+layer's queries and keys (:mod:`attention_zoo.rotary`), before the core attention.
 
 Mean pooling follows the original code: the sum over real tokens divided by the padded length
 (``mean`` over every position after padded positions were zeroed), not a masked mean.
@@ -25,6 +27,8 @@ from attention_zoo import MultiHeadAttention
 
 from .data.tasks import TaskSpec
 
+POSITIONS = ("learned", "rotary")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,6 +42,11 @@ class ModelConfig:
     dropout: float = 0.1
     head_hidden_dim: int = 128
     attention_in_fp32: bool = True  # every attention in float32 under mixed precision, as the original code
+    positions: str = "learned"  # learned absolute embeddings (the paper's), or rotary on queries and keys
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"model.positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
@@ -69,6 +78,7 @@ class EncoderBlock(nn.Module):
             seq_len=seq_len,
             head_dim=model.head_dim,
             attention_in_fp32=model.attention_in_fp32,
+            rotary=model.positions == "rotary",
             **attention.hparams,
         )
         self.attention_dropout = nn.Dropout(dropout)
@@ -100,9 +110,11 @@ class LRAEncoder(nn.Module):
         self.seq_len = seq_len
         self.dim = model.dim
         self.token_embedding = nn.Embedding(vocab_size, model.dim)
-        self.position_embedding = nn.Embedding(seq_len, model.dim)
+        # Rotary positions live in the attention layers instead.
+        self.position_embedding = nn.Embedding(seq_len, model.dim) if model.positions == "learned" else None
         nn.init.normal_(self.token_embedding.weight, std=0.02)
-        nn.init.normal_(self.position_embedding.weight, std=0.02)
+        if self.position_embedding is not None:
+            nn.init.normal_(self.position_embedding.weight, std=0.02)
         self.embedding_dropout = nn.Dropout(model.dropout)
         self.blocks = nn.ModuleList(EncoderBlock(seq_len, model, attention) for _ in range(model.depth))
         self.final_norm = nn.LayerNorm(model.dim)
@@ -112,8 +124,10 @@ class LRAEncoder(nn.Module):
         if input_ids.dim() != 2 or input_ids.shape[1] > self.seq_len:
             raise ValueError(f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}")
         mask = input_ids != 0  # (b, n)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))  # (b, n, dim)
+        x = self.token_embedding(input_ids)  # (b, n, dim)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(input_ids.shape[1], device=input_ids.device))
+        x = self.embedding_dropout(x)
         for block in self.blocks:
             x = block(x, mask)
         return self.final_norm(x) * mask[..., None]  # (b, n, dim)
@@ -154,9 +168,14 @@ class LRADualClassifier(nn.Module):
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # (b, num_classes)
 
 
-def build_encoder(spec: TaskSpec, seq_len: int, model: ModelConfig, attention: AttentionConfig) -> LRAEncoder:
-    """The encoder of ``spec``'s tokens at length ``seq_len``; what every model of a task shares."""
-    return LRAEncoder(spec.vocab_size, seq_len, model, attention)
+def build_encoder(
+    spec: TaskSpec, seq_len: int, model: ModelConfig, attention: AttentionConfig, extra_tokens: int = 0
+) -> LRAEncoder:
+    """The encoder of ``spec``'s tokens at length ``seq_len``; what every model of a task shares.
+
+    ``extra_tokens`` ids after the task's vocabulary are for a pretraining objective (a mask token).
+    """
+    return LRAEncoder(spec.vocab_size + extra_tokens, seq_len, model, attention)
 
 
 def build_classifier(

@@ -8,15 +8,21 @@ encoder shares (those settings and the optimisation); a new objective subclasses
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from torch import nn
 
 from .data.tasks import get_spec
-from .model import AttentionConfig, ModelConfig, build_classifier
+from .model import AttentionConfig, ModelConfig, build_classifier, build_encoder
+
+IGNORED = -100  # the label of a position the masked-prediction loss does not count (cross_entropy's ignore_index)
+# The settings a pretrained encoder must share with the model it starts.
+MODEL_DEFINING = ("task", "seq_len", "model", "attention")
 
 
 class LRAModule(pl.LightningModule):
@@ -106,3 +112,105 @@ class LRAClassificationModule(LRAModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test", self.test_acc)
+
+
+def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, generator: torch.Generator | None = None):
+    """BERT-style masking of real tokens: ``(masked_ids, labels)``, both ``(batch, seq)``.
+
+    Each real token (id != 0) is chosen with probability ``mask_rate`` and replaced by
+    ``mask_token``; ``labels`` holds the original id at chosen positions and :data:`IGNORED`
+    everywhere else. Padding (id 0) is never chosen, so it is neither masked nor counted.
+    """
+    real = input_ids != 0  # (b, n)
+    draws = torch.rand(input_ids.shape, device=input_ids.device, generator=generator)  # (b, n)
+    chosen = real & (draws < mask_rate)
+    masked_ids = torch.where(chosen, torch.full_like(input_ids, mask_token), input_ids)
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORED))
+    return masked_ids, labels
+
+
+def masked_prediction_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy averaged over the masked real tokens only: ``logits`` (b, n, vocab), ``labels`` (b, n).
+
+    A batch without a masked token (possible for very short inputs) has loss 0 and no gradient.
+    """
+    if not (labels != IGNORED).any():
+        return logits.float().sum() * 0.0
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORED)
+
+
+class LRAMaskedLMModule(LRAModule):
+    """Self-pretraining by bidirectional masked prediction of the task's own input tokens (MLM).
+
+    The encoder is the task's (:func:`lra.model.build_encoder`) with one more token id, the mask
+    token, after the task's vocabulary. Each real token of an input is masked with probability
+    ``mask_rate`` (:func:`mask_tokens`); a linear head over every position's features predicts the
+    original ids, and the loss is the cross entropy over the masked real tokens only
+    (:func:`masked_prediction_loss`). Image and Pathfinder pixels are tokens like any other; each
+    document of a retrieval pair is masked and predicted on its own. ``acc`` is the accuracy on
+    masked tokens. :func:`load_pretrained_encoder` starts a classifier from this encoder.
+    """
+
+    def __init__(
+        self, task: str, seq_len: int, model: dict[str, Any], attention: dict[str, Any], mask_rate: float = 0.15, **optimisation
+    ):
+        super().__init__(task, seq_len, model, attention, **optimisation)
+        if not 0 < mask_rate < 1:
+            raise ValueError(f"pretrain.mask_rate must be between 0 and 1, got {mask_rate}")
+        self.hparams["mask_rate"] = mask_rate
+        self.mask_token = self.spec.vocab_size
+        self.encoder = build_encoder(self.spec, seq_len, self.model_config, self.attention_config, extra_tokens=1)
+        self.head = nn.Linear(self.model_config.dim, self.spec.vocab_size)
+        vocab = self.spec.vocab_size
+        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
+        self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
+        self.test_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder.token_features(input_ids))  # (b, n, vocab)
+
+    def _step(self, batch: dict[str, torch.Tensor], stage: str, accuracy: torchmetrics.Metric) -> torch.Tensor:
+        # The task's token arrays: input_ids, or both documents of a pair, predicted alike.
+        documents = [batch[name] for name in self.spec.inputs]
+        input_ids = torch.cat(documents) if len(documents) > 1 else documents[0]  # (b * inputs, n)
+        masked_ids, labels = mask_tokens(input_ids, self.hparams.mask_rate, self.mask_token)
+        logits = self(masked_ids)
+        loss = masked_prediction_loss(logits, labels)
+        accuracy(logits.flatten(0, 1), labels.flatten())
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
+        self.log(f"{stage}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train", self.train_acc)
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val", self.val_acc)
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test", self.test_acc)
+
+
+def load_pretrained_encoder(module: LRAClassificationModule, checkpoint: Path) -> None:
+    """Start ``module``'s encoder from a pretraining checkpoint (an :class:`LRAMaskedLMModule`'s); the head stays fresh.
+
+    The checkpoint must come from the same task, length, model and attention; anything else is one
+    error naming what differs. The pretraining's mask-token embedding is dropped.
+    """
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    pretrained_settings = saved.get("hyper_parameters", {})
+    differs = [key for key in MODEL_DEFINING if pretrained_settings.get(key) != module.hparams[key]]
+    if differs:
+        details = "; ".join(
+            f"{key}: checkpoint {pretrained_settings.get(key)!r}, this run {module.hparams[key]!r}" for key in differs
+        )
+        raise ValueError(
+            f"the pretrained checkpoint {checkpoint} is of another model ({details}); "
+            "pretrain this configuration (pretrain=mlm with the same task, model and attention) and start from that"
+        )
+    prefix = "encoder."
+    state = {key[len(prefix) :]: value for key, value in saved["state_dict"].items() if key.startswith(prefix)}
+    encoder = module.model.encoder
+    state["token_embedding.weight"] = state["token_embedding.weight"][: encoder.token_embedding.num_embeddings]
+    encoder.load_state_dict(state)

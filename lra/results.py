@@ -19,9 +19,40 @@ SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# Settings added after runs were recorded, at the value those runs had: a run with these values has
+# the config hash it had before them (config_hash), and a record without them has them (lra.table).
+ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): "none"}
+
+
+def with_added_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a record's or a defining config) with every added setting it lacks at its old value."""
+    config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
+    for (part, key), value in ADDED_SETTINGS.items():
+        config.setdefault(part, {}).setdefault(key, value)
+    return config
+
+
 def config_hash(config: dict[str, Any]) -> str:
-    """A short, stable hash of the settings that define a run's result."""
+    """A short, stable hash of the settings that define a run's result.
+
+    Settings of :data:`ADDED_SETTINGS` at their old values are left out (and a part they leave
+    empty), so that a run of today's default configuration keeps the hash of its earlier runs.
+    """
+    config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
+    for (part, key), value in ADDED_SETTINGS.items():
+        if isinstance(config.get(part), dict) and config[part].get(key) == value:
+            del config[part][key]
+            if not config[part]:
+                del config[part]
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def git_commit() -> str:

@@ -64,6 +64,8 @@ def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
         record = results.read(folder / results.RESULTS_FILE) or {}
         status = record.get("status", "no results.json")
         name = " / ".join(str(record.get(key, "?")) for key in ("task", "row")) + f" / seed {record.get('seed', '?')}"
+        objective = (record.get("pretrain") or {}).get("objective", "none")
+        name += f" / pretrain {objective}" if objective != "none" else ""
         if status == "finished":
             detail = f"test acc {record['test_acc']:.4f}"
         else:

@@ -14,6 +14,11 @@ Rules:
   source the run used. Two records of one configuration and seed count once: the latest finished
   (copies of one run, e.g. in ``outputs/`` and ``results/runs/``, are one record; distinct runs are
   named in the table).
+* Training from scratch and self-pretraining (``pretrain``), and each position scheme
+  (``model.positions``), are settings like any other: runs that differ in them are never pooled,
+  and the section titles say which is which (``pretrain=none``, ``pretrain=mlm (...)``). A record
+  written before a setting existed has the value runs had then (``lra.results.ADDED_SETTINGS``).
+  Pretraining runs are not cells; the fine-tuning runs that start from them are.
 * Runs that differ otherwise are never averaged: a section is one protocol (its ``name``) with the
   values of every setting that differs between the protocol's runs of a task (``protocol.max_steps=20``),
   and within a section, runs of one row that still differ (a preset changed, another data source)
@@ -45,7 +50,7 @@ from typing import Any
 import pandas as pd
 
 from . import paper
-from .results import RESULTS_FILE
+from .results import RESULTS_FILE, with_added_settings
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
@@ -55,7 +60,7 @@ PAPER_LABELS = {row.preset: row.label for row in paper.TABLE3}
 # Paths differ per machine and mean nothing in a committed record.
 MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
 # The parts of a record that configure a run (flattened into the keys a cell must agree on).
-CONFIG_PARTS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data")
+CONFIG_PARTS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain")
 # Keys that name the row, not the section: the attention and its hyperparameters.
 ROW_KEYS = ("attention", "attention_hparams.")
 NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
@@ -74,7 +79,8 @@ def find_records(folders: Iterable[Path]) -> list[dict[str, Any]]:
                 record = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as error:
                 raise SystemExit(f"error: {path} is not a readable run record ({error})") from None
-            if isinstance(record, dict) and "config_hash" in record and "task" in record:
+            # A pretraining run (lra.train's stage "pretraining") is part of its fine-tuning runs, not a cell.
+            if isinstance(record, dict) and "config_hash" in record and "task" in record and "stage" not in record:
                 record.setdefault("row", record.get("attention"))
                 records.append(record)
     return records
@@ -108,11 +114,28 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: json.dumps(value, sort_keys=True)}
 
 
+def pretraining_label(pretrain: dict[str, Any], protocol: dict[str, Any] | None) -> str:
+    """``none (from scratch)``, or the objective with every setting of it, its protocol's as far as it
+    differs from the fine-tuning's: ``mlm (mask_rate=0.15, protocol as fine-tuning)``."""
+    if pretrain["objective"] == "none":
+        return "none (from scratch)"
+    own = {key: value for key, value in pretrain.items() if key not in ("objective", "protocol")}
+    own_protocol = pretrain.get("protocol") or {}
+    differs = {f"{key}": value for key, value in own_protocol.items() if (protocol or {}).get(key) != value}
+    details = [f"{key}={value}" for key, value in sorted(own.items())]
+    details += [f"{key}={value}" for key, value in sorted(differs.items())] or ["protocol as fine-tuning"]
+    return f"{pretrain['objective']} ({', '.join(details)})"
+
+
 def settings(record: dict[str, Any]) -> dict[str, str]:
-    """The record's configuration, flattened to ``key: JSON value``, seed excluded."""
+    """The record's configuration, flattened to ``key: JSON value``, seed excluded; the pretraining as one label."""
+    record = with_added_settings(record)
     flat = {}
     for part in CONFIG_PARTS:
-        flat.update(flatten(record[part], f"{part}.") if part in record else {part: json.dumps(NOT_RECORDED)})
+        if part == "pretrain":
+            flat[part] = json.dumps(pretraining_label(record[part], record.get("protocol")))
+        else:
+            flat.update(flatten(record[part], f"{part}.") if part in record else {part: json.dumps(NOT_RECORDED)})
     return flat
 
 
@@ -137,7 +160,7 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
                 "accuracy": 100 * record["test_acc"] if finished else math.nan,
                 "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
-                "model": record.get("model"),
+                "model": with_added_settings(record)["model"],
                 "protocol_fields": record.get("protocol"),
             }
         )
@@ -369,9 +392,9 @@ def describe_section(section: Section) -> list[str]:
     return lines
 
 
-def markdown(sections: list[Section], source: str) -> str:
+def markdown(sections: list[Section], source: str, title: str = "Table 3") -> str:
     lines = [
-        "# Table 3: LRA test accuracy (%)",
+        f"# {title}: LRA test accuracy (%)",
         "",
         f"Generated by `python -m lra.table` from {source}.",
         "",
@@ -503,13 +526,19 @@ def figure(sections: list[Section], path: Path) -> None:
     plt.close(fig)
 
 
-def write_all(records: list[dict[str, Any]], out_dir: Path, source: str) -> list[Path]:
+def write_all(
+    records: list[dict[str, Any]], out_dir: Path, source: str, name: str = "table3", protocols: list[str] | None = None
+) -> list[Path]:
+    """Write ``<name>.{md,csv,tex,png}`` into ``out_dir`` from ``records`` (only those of ``protocols`` if given)."""
+    if protocols:
+        records = [record for record in records if record.get("protocol", {}).get("name") in protocols]
     sections = build_sections(records)
     if not sections:
-        raise SystemExit("error: no run records found; train some cells first (python -m lra.train ...)")
+        wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
+        raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / name for name in ("table3.md", "table3.csv", "table3.tex", "table3.png")]
-    paths[0].write_text(markdown(sections, source))
+    paths = [out_dir / f"{name}.{suffix}" for suffix in ("md", "csv", "tex", "png")]
+    paths[0].write_text(markdown(sections, source, "Table 3" if name == "table3" else name))
     cells_frame(sections).to_csv(paths[1], index=False, float_format="%.4f")
     paths[2].write_text(latex(sections))
     figure(sections, paths[3])
@@ -543,16 +572,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--committed", action="store_true", help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table"
     )
+    parser.add_argument(
+        "--protocol", nargs="+", metavar="NAME", help="only runs of these protocols (e.g. spt_short); default: every run"
+    )
+    parser.add_argument("--name", default="table3", help="the tables' file name, NAME.{md,csv,tex,png} (default: table3)")
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
+    only = {"name": args.name, "protocols": args.protocol}
     if args.collect:
         new = collect(find_records(args.runs), runs_dir)
         print(f"{new} new run records in {runs_dir}")
     if args.collect or args.committed:
-        paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`")
+        paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`", **only)
     else:
         paths = write_all(
-            find_records([*args.runs, runs_dir]), args.out, f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`"
+            find_records([*args.runs, runs_dir]),
+            args.out,
+            f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`",
+            **only,
         )
     for path in paths:
         print(f"wrote {path}")

@@ -6,6 +6,10 @@ the whole test set and writes ``results.json`` into the run's output folder. The
 the task, the attention and the command-line overrides, so re-running a finished cell with the same
 settings is skipped, and re-running an interrupted one resumes it.
 
+With ``pretrain=mlm`` the run first self-pretrains its encoder (masked prediction of the task's
+own inputs) in a pretraining run of its own, an ordinary run in its own folder keyed by its
+configuration, which is resumed or reused like any cell, and then fine-tunes from its checkpoint.
+
 A run that fails, before training or during it, prints one message, records the error in
 ``results.json`` (status ``failed``) and exits with status 1; its traceback goes to the run's
 ``train.log`` (``HYDRA_FULL_ERROR=1`` prints it on the console instead). In a multirun sweep the
@@ -14,6 +18,7 @@ other cells go on and the sweep ends with a summary (``lra/sweep.py``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -27,7 +32,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 import attention_zoo
 
@@ -51,6 +56,8 @@ PROTOCOL_FIELDS = {
 WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
 # Where a result is recorded, the data paths are machine-specific and say nothing about the run.
 DATA_PATH_KEYS = ("source_dir", "cache_dir", "generated_dir")
+PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
+PRETRAINING = "pretraining"  # the stage of a pretraining run (its record's "stage")
 
 config.register()  # before @hydra.main composes: the attention_zoo group and the resolvers
 
@@ -134,10 +141,51 @@ def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
     return adjusted
 
 
-def defining_config(cfg: DictConfig) -> dict[str, Any]:
+def defining_config(cfg: DictConfig, stage: str = "classification") -> dict[str, Any]:
     """The settings that determine a run's result (not where it writes or on which device)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return {key: resolved[key] for key in ("task", "attention", "model", "seed")}
+    defining = {key: resolved[key] for key in ("task", "attention", "model", "seed", "pretrain")}
+    return {**defining, "stage": stage} if stage == PRETRAINING else defining
+
+
+def pretraining_run(cfg: DictConfig, row: str | None = None) -> tuple[DictConfig, Path]:
+    """The configuration and folder of the pretraining run that ``cfg``'s fine-tuning starts from.
+
+    Its protocol is ``pretrain.protocol``; the folder, under ``<output_dir>/pretrain/<task>/``, is
+    named by a hash of its defining settings (task data, model, attention, seed, pretraining), so
+    fine-tuning runs that share them share one pretraining run.
+    """
+    objective = cfg.pretrain.objective
+    pretraining = copy.deepcopy(cfg)
+    with open_dict(pretraining):
+        pretraining.pretrain = OmegaConf.to_container(cfg.pretrain, resolve=True)
+        pretraining.task.protocol = pretraining.pretrain.protocol
+        digest = results.config_hash(defining_config(pretraining, PRETRAINING))
+        preset = (row or cfg.attention.name).split(" ")[0]
+        name = f"{preset}-{objective}-seed{cfg.seed}-{digest}"
+        folder = Path(cfg.paths.output_dir).absolute() / "pretrain" / cfg.task.name / name
+        pretraining.callbacks.checkpoint.dirpath = str(folder / "checkpoints")
+        if "save_dir" in pretraining.logger:
+            pretraining.logger.save_dir = str(folder)
+    return pretraining, folder
+
+
+def pretrain_first(cfg: DictConfig, row: str | None) -> dict[str, Any]:
+    """Run (or resume, or reuse) the pretraining run of ``cfg``; what the fine-tuning records of it."""
+    pretraining, folder = pretraining_run(cfg, row)
+    log.info("Pretraining first (%s), in %s", cfg.pretrain.objective, folder)
+    record = train(pretraining, folder, row, stage=PRETRAINING)
+    checkpoint = Path(record["best_checkpoint"])
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"the pretraining run's checkpoint {checkpoint} is missing; delete {folder} to pretrain again")
+    return {
+        "objective": cfg.pretrain.objective,
+        "steps": record["steps"],
+        "checkpoint": str(checkpoint),
+        "checkpoint_sha256": results.file_sha256(checkpoint),
+        "config_hash": record["config_hash"],
+        "val_masked_acc": record["best_val_acc"],
+    }
 
 
 def recorded_data_settings(task: dict[str, Any]) -> dict[str, Any]:
@@ -154,8 +202,11 @@ def processes(trainer_cfg: DictConfig) -> int:
     return per_node * trainer_cfg.get("num_nodes", 1)
 
 
-def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str, Any]:
+def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str = "classification") -> dict[str, Any]:
     """Run one cell unless ``output_dir`` already holds its finished result; return the record.
+
+    ``stage`` is ``classification`` (the task; after pretraining when ``cfg.pretrain`` asks for it)
+    or ``pretraining`` (the objective of ``cfg.pretrain`` on the task's inputs, see :func:`pretrain_first`).
 
     An earlier interrupted or failed run of the same configuration resumes from its last
     checkpoint. Any failure, from a bad setting to an error in training, is recorded in
@@ -173,6 +224,8 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
     results_path = output_dir / results.RESULTS_FILE
     write = rank_zero_only(results.write)  # one process of a distributed run writes results.json
     cell = f"{cfg.task.name} / {row or cfg.attention.name} / seed {cfg.seed}"
+    if stage == PRETRAINING:
+        cell = f"{cell} / pretraining ({cfg.pretrain.objective})"
     record: dict[str, Any] = {
         "task": cfg.task.name,
         "attention": cfg.attention.name,
@@ -183,14 +236,22 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
         "lightning_version": version("pytorch-lightning"),
         "started_at": results.now(),
         "status": "running",
+        **({"stage": stage} if stage == PRETRAINING else {}),
     }
     start = time.perf_counter()
     try:
         adjusted = check_protocol(cfg.task.protocol)
-        defining = defining_config(cfg)
+        if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
+            raise ValueError(
+                f"pretrain.objective must be one of {', '.join(PRETRAINING_OBJECTIVES)}, got {cfg.pretrain.objective!r}"
+            )
+        if stage != PRETRAINING and cfg.pretrain.objective != "none":
+            adjusted.update({f"pretrain.{key}": change for key, change in check_protocol(cfg.pretrain.protocol).items()})
+        defining = defining_config(cfg, stage)
         record.update(
             protocol=defining["task"]["protocol"],
             model=defining["model"],
+            pretrain=defining["pretrain"],
             seq_len=defining["task"]["seq_len"],
             data=recorded_data_settings(defining["task"]),
             config_hash=results.config_hash(defining),
@@ -223,7 +284,14 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> dict[str
             cfg.task.protocol.name,
             output_dir,
         )
-        record.update(fit_and_test(cfg, output_dir, resume_from, world_size))
+        pretrained = None
+        if stage != PRETRAINING and cfg.pretrain.objective != "none":
+            pretrained = pretrain_first(cfg, row)
+            record["pretrained"] = {key: value for key, value in pretrained.items() if key != "checkpoint"}
+            write(results_path, record)
+        # A resumed fine-tuning run continues from its own checkpoint, which holds the pretrained start.
+        init_from = Path(pretrained["checkpoint"]) if pretrained and not resume_from else None
+        record.update(fit_and_test(cfg, output_dir, resume_from, world_size, stage=stage, init_from=init_from))
         record["status"] = "finished"
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")

@@ -77,6 +77,11 @@ RULES = [
     Rule(r"^python -m lra\.data prepare pathfinder --source data/pathfinder32$", why="prepares the 20 generated images"),
     Rule(r"^python -m lra\.data info", why="lists what the commands before it prepared"),
     Rule(r"^python -m lra\.data \w+", append=("--help",), why="needs the official files or the network: its help"),
+    Rule(
+        r"^python -m lra\.table .*--protocol spt_short",
+        append=("--help",),
+        why="needs the spt_short runs (tests/lra/test_table.py makes results/spt.* from the committed records): its help",
+    ),
     Rule(r"^python -m lra\.table", why="the table of the runs made before it"),
     Rule(
         r"^python -m lra\.bench kernels",

@@ -218,7 +218,14 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         capture_output=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    for name in ("table3.md", "table3.csv", "table3.tex"):
+    subprocess.run(
+        [sys.executable, "-m", "lra.table", "--committed", "--protocol", "spt_short", "--name", "spt"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    for name in ("table3.md", "table3.csv", "table3.tex", "spt.md", "spt.csv", "spt.tex"):
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
@@ -239,3 +246,56 @@ def test_table_from_real_runs(tmp_path, run_train):
     assert process.returncode == 0, process.stderr
     assert len(list((tmp_path / "results" / "runs").glob("listops__*__smoke__seed0__*.json"))) == 2
     assert "| softmax |" in (tmp_path / "results" / "table3.md").read_text()
+
+
+def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections():
+    mlm = {"objective": "mlm", "mask_rate": 0.15, "protocol": SMOKE}
+    longer = {**mlm, "protocol": {**SMOKE, "max_steps": 800}}
+    records = [
+        record("softmax", "listops", 0, 0.30),  # written before pretrain and positions existed
+        record("softmax", "listops", 1, 0.32, pretrain={"objective": "none"}, model={**MODEL, "positions": "learned"}),
+        record("softmax", "listops", 0, 0.40, pretrain=mlm),
+        record("softmax", "listops", 1, 0.42, pretrain=mlm),
+        record("softmax", "listops", 0, 0.50, pretrain=longer),
+        record("softmax", "listops", 0, 0.60, pretrain=mlm, model={**MODEL, "positions": "rotary"}),
+    ]
+    for r in records:  # the hash stands for the whole configuration, pretraining and positions included
+        r["config_hash"] = hashlib.sha256(json.dumps([r["config_hash"], r.get("pretrain"), r["model"]]).encode()).hexdigest()[:16]
+    sections = {s.title: s for s in table.build_sections(records)}
+    scratch = sections["smoke, model.positions=learned, pretrain=none (from scratch)"]
+    assert scratch.cells["softmax", "listops"].seeds == [0, 1]  # the old record is a from-scratch, learned run
+    pretrained = sections["smoke, model.positions=learned, pretrain=mlm (mask_rate=0.15, protocol as fine-tuning)"]
+    assert pretrained.cells["softmax", "listops"].accuracies == pytest.approx([40.0, 42.0])
+    assert sections["smoke, model.positions=learned, pretrain=mlm (mask_rate=0.15, max_steps=800)"]
+    rotary = sections["smoke, model.positions=rotary, pretrain=mlm (mask_rate=0.15, protocol as fine-tuning)"]
+    assert rotary.cells["softmax", "listops"].accuracies == pytest.approx([60.0])
+    assert len(sections) == 4
+
+
+def test_pretraining_runs_are_not_cells(tmp_path):
+    write_runs(tmp_path, [record("softmax", "listops", 0, 0.3), record("softmax", "listops", 0, 0.9, stage="pretraining")])
+    assert [r["test_acc"] for r in table.find_records([tmp_path])] == [0.3]
+
+
+def test_one_protocols_table_under_its_own_name(tmp_path):
+    write_runs(
+        tmp_path / "outputs",
+        [record("softmax", "listops", 0, 0.3), record("yoso_32", "listops", 0, 0.4, protocol={**SMOKE, "name": "spt_short"})],
+    )
+    table.main(
+        [
+            "--runs",
+            str(tmp_path / "outputs"),
+            "--results",
+            str(tmp_path / "results"),
+            "--out",
+            str(tmp_path / "out"),
+            "--protocol",
+            "spt_short",
+            "--name",
+            "spt",
+        ]
+    )
+    text = (tmp_path / "out" / "spt.md").read_text()
+    assert "## spt_short" in text and "yoso-32" in text.lower() and "smoke" not in text
+    assert not (tmp_path / "out" / "table3.md").exists()

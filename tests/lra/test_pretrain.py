@@ -1,0 +1,143 @@
+"""Self-pretraining (pretrain=mlm): masking, its loss, starting a classifier from it, and the run end to end."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lra import results
+from lra.module import (
+    IGNORED,
+    LRAClassificationModule,
+    LRAMaskedLMModule,
+    load_pretrained_encoder,
+    mask_tokens,
+    masked_prediction_loss,
+)
+
+MODEL = dict(dim=16, depth=1, num_heads=2, head_dim=8, ffn_dim=32, dropout=0.0, head_hidden_dim=16)
+SOFTMAX = {"name": "softmax", "hparams": {"dropout": 0.0}}
+
+
+def padded_batch(seed: int) -> torch.Tensor:
+    """ListOps-like ids 1..15 with a random amount of padding (0) at the end of each row."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 16, (64, 200), generator=generator)
+    lengths = torch.randint(0, 201, (64,), generator=generator)
+    return ids * (torch.arange(200)[None, :] < lengths[:, None])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("rate", [0.15, 0.9])
+def test_masking_never_touches_padding_and_masks_real_tokens_at_the_rate(seed, rate):
+    ids = padded_batch(seed)
+    masked, labels = mask_tokens(ids, rate, mask_token=16, generator=torch.Generator().manual_seed(seed + 10))
+    padding, chosen = ids == 0, masked == 16
+    assert torch.equal(masked[padding], ids[padding])  # padding stays padding
+    assert (labels[padding] == IGNORED).all()  # and is never a target
+    assert torch.equal(labels[chosen], ids[chosen])  # a masked token's target is its original id
+    assert torch.equal(masked[~chosen], ids[~chosen]) and (labels[~chosen] == IGNORED).all()
+    real = int((~padding).sum())
+    # Binomial: within 5 standard deviations of the rate (about 6000 real tokens).
+    assert abs(int(chosen.sum()) / real - rate) < 5 * math.sqrt(rate * (1 - rate) / real)
+
+
+def test_the_loss_is_the_mean_cross_entropy_over_masked_real_tokens_only():
+    logits = torch.tensor(
+        [
+            [[2.0, 0.0, -1.0], [0.5, 0.5, 0.0], [9.0, -9.0, 3.0], [0.0, 1.0, 2.0]],
+            [[1.0, 1.0, 1.0], [-2.0, 3.0, 0.0], [4.0, 4.0, -4.0], [7.0, 0.0, 0.0]],
+        ]
+    )
+    # Targets at (0, 1) -> 0, (0, 3) -> 2, (1, 1) -> 1; the rest unmasked or padding.
+    labels = torch.full((2, 4), IGNORED)
+    labels[0, 1], labels[0, 3], labels[1, 1] = 0, 2, 1
+
+    def nll(row, target):
+        return -(row[target] - math.log(sum(math.exp(v) for v in row)))
+
+    expected = (nll([0.5, 0.5, 0.0], 0) + nll([0.0, 1.0, 2.0], 2) + nll([-2.0, 3.0, 0.0], 1)) / 3
+    assert masked_prediction_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
+    none_masked = masked_prediction_loss(logits, torch.full((2, 4), IGNORED))
+    assert none_masked.item() == 0.0  # not NaN
+
+
+def test_the_pretraining_step_predicts_masked_tokens_of_real_positions():
+    torch.manual_seed(0)
+    module = LRAMaskedLMModule("listops", 32, MODEL, SOFTMAX, mask_rate=0.5)
+    assert module.encoder.token_embedding.num_embeddings == module.spec.vocab_size + 1  # the mask token
+    ids = padded_batch(3)[:4, :32]
+    ids[0, 5:] = 0
+    logits = module(ids)
+    assert logits.shape == (4, 32, module.spec.vocab_size)
+    loss = module._step({"input_ids": ids, "label": torch.zeros(4, dtype=torch.long)}, "val", module.val_acc)
+    assert torch.isfinite(loss)
+
+
+def save_like_lightning(module, path: Path) -> Path:
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict()}, path)
+    return path
+
+
+def test_a_classifier_starts_from_the_pretrained_encoder_with_a_fresh_head(tmp_path):
+    torch.manual_seed(0)
+    pretrained = LRAMaskedLMModule("listops", 32, MODEL, SOFTMAX)
+    checkpoint = save_like_lightning(pretrained, tmp_path / "mlm.ckpt")
+    torch.manual_seed(1)
+    classifier = LRAClassificationModule("listops", 32, MODEL, SOFTMAX)
+    head_before = {k: v.clone() for k, v in classifier.model.head.state_dict().items()}
+    load_pretrained_encoder(classifier, checkpoint)
+    encoder = classifier.model.encoder.state_dict()
+    for key, value in pretrained.encoder.state_dict().items():
+        expected = value[: classifier.spec.vocab_size] if key == "token_embedding.weight" else value
+        assert torch.equal(encoder[key], expected), key
+    for key, value in classifier.model.head.state_dict().items():
+        assert torch.equal(value, head_before[key]), key
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        (dict(attention={"name": "linformer", "hparams": {"dropout": 0.0, "k": 8}}), "attention"),
+        (dict(model={**MODEL, "positions": "rotary"}), "model"),
+        (dict(seq_len=64), "seq_len"),
+    ],
+)
+def test_a_checkpoint_of_another_model_is_one_clear_error(tmp_path, other, named):
+    settings = dict(task="listops", seq_len=32, model=MODEL, attention=SOFTMAX) | other
+    checkpoint = save_like_lightning(LRAMaskedLMModule(**settings), tmp_path / "other.ckpt")
+    classifier = LRAClassificationModule("listops", 32, MODEL, SOFTMAX)
+    with pytest.raises(ValueError, match=rf"is of another model \({named}: checkpoint .*pretrain this configuration"):
+        load_pretrained_encoder(classifier, checkpoint)
+
+
+def test_todays_default_runs_keep_their_config_hash():
+    defining = {"task": {"name": "listops"}, "attention": SOFTMAX, "model": MODEL, "seed": 0}
+    explicit = {**defining, "model": {**MODEL, "positions": "learned"}, "pretrain": {"objective": "none"}}
+    assert results.config_hash(explicit) == results.config_hash(defining)
+    assert results.config_hash({**explicit, "pretrain": {"objective": "mlm"}}) != results.config_hash(defining)
+    assert results.config_hash({**defining, "model": {**MODEL, "positions": "rotary"}}) != results.config_hash(defining)
+
+
+@pytest.mark.slow
+def test_pretrain_then_finetune_end_to_end_and_the_pretraining_is_reused(tmp_path, run_train):
+    sweep = run_train("pretrain=none,mlm", "attention=softmax", flags=["-m"])
+    assert "2 finished" in sweep.stdout + sweep.stderr
+    assert "listops / softmax / seed 0 / pretrain mlm" in sweep.stdout + sweep.stderr  # the summary tells the cells apart
+    (pretraining,) = (tmp_path / "outputs" / "pretrain" / "listops").glob("softmax-mlm-seed0-*/results.json")
+    pre = json.loads(pretraining.read_text())
+    assert pre["status"] == "finished" and pre["stage"] == "pretraining" and pre["steps"] == 6
+    (finetuned,) = (tmp_path / "outputs" / "listops" / "softmax").glob("*pretrain=mlm*/results.json")
+    record = json.loads(finetuned.read_text())
+    assert record["status"] == "finished" and record["pretrain"]["objective"] == "mlm"
+    assert record["pretrained"]["steps"] == 6
+    assert record["pretrained"]["checkpoint_sha256"] == results.file_sha256(Path(pre["best_checkpoint"]))
+    assert record["config_hash"] != pre["config_hash"]
+    (scratch,) = (tmp_path / "outputs" / "listops" / "softmax").glob("*pretrain=none*/results.json")
+    assert json.loads(scratch.read_text())["pretrain"] == {"objective": "none"}
+    # Another fine-tuning seed needs its own pretraining; the same configuration again reuses it.
+    again = run_train("pretrain=mlm", "attention=softmax", "task.protocol.lr=0.002", "pretrain.protocol.lr=0.001")
+    assert "Skipping" in again.stdout + again.stderr  # the pretraining run, already finished
+    assert json.loads(pretraining.read_text())["finished_at"] == pre["finished_at"]
