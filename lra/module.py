@@ -78,26 +78,19 @@ class LRAModule(pl.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    def add_accuracies(self, num_classes: int, **options: Any) -> None:
+        """One accuracy metric per stage (``train_acc``, ``val_acc``, ``test_acc``)."""
+        for stage in ("train", "val", "test"):
+            setattr(self, f"{stage}_acc", torchmetrics.Accuracy(task="multiclass", num_classes=num_classes, **options))
 
-class LRAClassificationModule(LRAModule):
-    """Cross-entropy training of the task's classifier (:func:`lra.model.build_classifier`), with accuracy."""
+    def loss_and_predictions(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The objective: ``(loss, logits, targets)`` of a batch, logits and targets as the accuracy reads them."""
+        raise NotImplementedError
 
-    def __init__(self, task: str, seq_len: int, model: dict[str, Any], attention: dict[str, Any], **optimisation: Any):
-        super().__init__(task, seq_len, model, attention, **optimisation)
-        self.model = build_classifier(self.spec, seq_len, self.model_config, self.attention_config)
-        num_classes = self.spec.num_classes
-        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
-        self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
-        self.test_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
-
-    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(**inputs)
-
-    def _step(self, batch: dict[str, torch.Tensor], stage: str, accuracy: torchmetrics.Metric) -> torch.Tensor:
-        # Every key but the label is a model input: input_ids, or input_ids_0 and input_ids_1.
-        logits = self(**{name: value for name, value in batch.items() if name != "label"})
-        loss = F.cross_entropy(logits.float(), batch["label"])
-        accuracy(logits, batch["label"])
+    def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        loss, logits, targets = self.loss_and_predictions(batch)
+        accuracy = getattr(self, f"{stage}_acc")
+        accuracy(logits, targets)
         on_step = stage == "train"
         # Epoch-level values are averaged over the processes of a distributed run.
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
@@ -105,13 +98,30 @@ class LRAClassificationModule(LRAModule):
         return loss
 
     def training_step(self, batch, batch_idx):
-        return self._step(batch, "train", self.train_acc)
+        return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):
-        self._step(batch, "val", self.val_acc)
+        self._step(batch, "val")
 
     def test_step(self, batch, batch_idx):
-        self._step(batch, "test", self.test_acc)
+        self._step(batch, "test")
+
+
+class LRAClassificationModule(LRAModule):
+    """Cross-entropy training of the task's classifier (:func:`lra.model.build_classifier`), with accuracy."""
+
+    def __init__(self, task: str, seq_len: int, model: dict[str, Any], attention: dict[str, Any], **optimisation: Any):
+        super().__init__(task, seq_len, model, attention, **optimisation)
+        self.model = build_classifier(self.spec, seq_len, self.model_config, self.attention_config)
+        self.add_accuracies(self.spec.num_classes)
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**inputs)
+
+    def loss_and_predictions(self, batch):
+        # Every key but the label is a model input: input_ids, or input_ids_0 and input_ids_1.
+        logits = self(**{name: value for name, value in batch.items() if name != "label"})  # (b, classes)
+        return F.cross_entropy(logits.float(), batch["label"]), logits, batch["label"]
 
 
 def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, generator: torch.Generator | None = None):
@@ -161,35 +171,18 @@ class LRAMaskedLMModule(LRAModule):
         self.mask_token = self.spec.vocab_size
         self.encoder = build_encoder(self.spec, seq_len, self.model_config, self.attention_config, extra_tokens=1)
         self.head = nn.Linear(self.model_config.dim, self.spec.vocab_size)
-        vocab = self.spec.vocab_size
-        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
-        self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
-        self.test_acc = torchmetrics.Accuracy(task="multiclass", num_classes=vocab, ignore_index=IGNORED)
+        self.add_accuracies(self.spec.vocab_size, ignore_index=IGNORED)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder.token_features(input_ids))  # (b, n, vocab)
 
-    def _step(self, batch: dict[str, torch.Tensor], stage: str, accuracy: torchmetrics.Metric) -> torch.Tensor:
+    def loss_and_predictions(self, batch):
         # The task's token arrays: input_ids, or both documents of a pair, predicted alike.
         documents = [batch[name] for name in self.spec.inputs]
         input_ids = torch.cat(documents) if len(documents) > 1 else documents[0]  # (b * inputs, n)
         masked_ids, labels = mask_tokens(input_ids, self.hparams.mask_rate, self.mask_token)
-        logits = self(masked_ids)
-        loss = masked_prediction_loss(logits, labels)
-        accuracy(logits.flatten(0, 1), labels.flatten())
-        on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
-        self.log(f"{stage}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
-        return loss
-
-    def training_step(self, batch, batch_idx):
-        return self._step(batch, "train", self.train_acc)
-
-    def validation_step(self, batch, batch_idx):
-        self._step(batch, "val", self.val_acc)
-
-    def test_step(self, batch, batch_idx):
-        self._step(batch, "test", self.test_acc)
+        logits = self(masked_ids)  # (b * inputs, n, vocab)
+        return masked_prediction_loss(logits, labels), logits.flatten(0, 1), labels.flatten()
 
 
 def load_pretrained_encoder(module: LRAClassificationModule, checkpoint: Path) -> None:

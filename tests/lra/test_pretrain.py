@@ -72,8 +72,14 @@ def test_the_pretraining_step_predicts_masked_tokens_of_real_positions():
     ids[0, 5:] = 0
     logits = module(ids)
     assert logits.shape == (4, 32, module.spec.vocab_size)
-    loss = module._step({"input_ids": ids, "label": torch.zeros(4, dtype=torch.long)}, "val", module.val_acc)
-    assert torch.isfinite(loss)
+    module.eval()  # no dropout: the step's logits are the module's on the same masked input
+    torch.manual_seed(1)
+    loss, _, targets = module.loss_and_predictions({"input_ids": ids, "label": torch.zeros(4, dtype=torch.long)})
+    torch.manual_seed(1)
+    masked_ids, labels = mask_tokens(ids, 0.5, module.mask_token)
+    assert torch.equal(targets, labels.flatten())
+    assert (targets[ids.flatten() == 0] == IGNORED).all() and (targets != IGNORED).any()
+    torch.testing.assert_close(loss, masked_prediction_loss(module(masked_ids), labels))
 
 
 def save_like_lightning(module, path: Path) -> Path:
