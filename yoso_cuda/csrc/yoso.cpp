@@ -138,6 +138,28 @@ YOSO_INLINE void copy(float* out, const float* x, int64_t size) {
   for (; k < size; ++k) out[k] = x[k];
 }
 
+// All-ones lanes where `keep`, zeros elsewhere: selects by bits, so the unselected side may hold
+// anything (a stale or never-written row), NaN included.
+YOSO_INLINE Floats keep_if(Floats value, bool keep) {
+  const Ints mask = Ints{} - static_cast<int32_t>(keep);
+  return reinterpret_cast<Floats>(reinterpret_cast<Ints>(value) & mask);
+}
+
+// out = (keep ? out : 0) + x, without a branch: whether a bucket row was already started this hash
+// is a coin flip at tau = log2 n, which a branch mispredicts half the time.
+YOSO_INLINE void add_or_set(float* out, const float* x, bool keep, int64_t size) {
+  int64_t k = 0;
+  for (; k + kLanes <= size; k += kLanes) store(out + k, keep_if(load(out + k), keep) + load(x + k));
+  for (; k < size; ++k) out[k] = (keep ? out[k] : 0.f) + x[k];
+}
+
+// out += (keep ? x : 0), without a branch (x may hold anything where !keep).
+YOSO_INLINE void add_if(float* out, const float* x, bool keep, int64_t size) {
+  int64_t k = 0;
+  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + keep_if(load(x + k), keep));
+  for (; k < size; ++k) out[k] += keep ? x[k] : 0.f;
+}
+
 YOSO_INLINE void scale(float* out, float factor, int64_t size) {
   int64_t k = 0;
   for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) * factor);
@@ -233,6 +255,18 @@ class CodeSlots {
   YOSO_INLINE int64_t insert(int32_t code) {
     bool first;
     return insert(code, first);
+  }
+
+  // The slot of a query's code and whether a key has it (when not, a valid slot whose row holds
+  // anything): branch-free with direct slots.
+  YOSO_INLINE int64_t find_any(int32_t code, bool& found) const {
+    if (direct_) {
+      found = filled_[code];
+      return code;
+    }
+    const int64_t slot = find(code);
+    found = slot >= 0;
+    return found ? slot : 0;
   }
 
   // The slot of a query's code, or -1 when no key has it.
@@ -529,7 +563,10 @@ struct CumulationArgs {
 
 // out_i = (1/m) sum_h table_h[slot of q_h(i)], table_h[s] = sum of the values of the keys in slot s:
 // per hash, one pass over the keys builds the table (a slot's first key sets its row, so the table
-// is never zeroed) and one over the queries reads it.
+// is never zeroed) and one over the queries reads it. One hash at a time: the time goes to the
+// table's scattered rows, so the table must stay as small as one hash's (measured: building four
+// hashes' tables in one pass over the rows, to read the values and the output once per four
+// hashes, took 1.5-2.9x longer at n >= 8192, one thread).
 template <int64_t kC>  // a row width known at compile time (> 0) unrolls its loops
 YOSO_INLINE void cumulate_rows(const CumulationArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
   const int64_t c = kC > 0 ? kC : a.channels;
@@ -544,17 +581,14 @@ YOSO_INLINE void cumulate_rows(const CumulationArgs& a, int64_t b, Side queries,
     for (int64_t j = 0; j < keys.length; ++j) {
       if (key_codes[j] < 0) continue;
       bool first;
-      float* row = table + s.slots.insert(key_codes[j], first) * c;
-      if (first) {
-        copy(row, values + j * c, c);
-      } else {
-        add(row, values + j * c, c);
-      }
+      const int64_t slot = s.slots.insert(key_codes[j], first);
+      add_or_set(table + slot * c, values + j * c, !first, c);
     }
     for (int64_t i = 0; i < queries.length; ++i) {
       if (query_codes[i] < 0) continue;
-      const int64_t slot = s.slots.find(query_codes[i]);
-      if (slot >= 0) add(out + i * c, table + slot * c, c);
+      bool found;
+      const int64_t slot = s.slots.find_any(query_codes[i], found);
+      add_if(out + i * c, table + slot * c, found, c);
     }
   }
   scale(out, 1.f / static_cast<float>(a.num_hashes), a.num_queries * c);
