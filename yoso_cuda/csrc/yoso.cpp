@@ -600,95 +600,31 @@ YOSO_MULTIVERSIONED void cumulate_batch_row(const CumulationArgs& a, int64_t b, 
   cumulate_rows<0>(a, b, queries, keys, s);
 }
 
-struct WeightedArgs {
-  const float* query_weights;  // (B, nq, w)
-  const float* key_weights;    // (B, nk, w)
-  const float* values;         // (B, nk, c)
-  float* out;                  // (B, nq, c)
-  int64_t num_queries, num_keys, num_hashes, width, channels;
-};
-
-// out_i = (1/m) sum_h sum_{j in i's bucket} (qw_i . kw_j) v_j. A bucket with nq queries and nk keys
-// costs nq nk (w + c) by pairs and (nq + nk) w c through the table sum_j kw_j v_j^T; the table is
-// used where it is cheaper (crowded buckets, small tau). The queries are counted per bucket only in
-// a hash where some bucket is large enough for that: nk (w + c) > w c.
-template <int64_t kW, int64_t kC>  // row widths known at compile time (> 0) unroll their loops
-YOSO_INLINE void weighted_rows(const WeightedArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
-  const int64_t w = kW > 0 ? kW : a.width, c = kC > 0 ? kC : a.channels;
-  const float* qw = a.query_weights + b * a.num_queries * w;
-  const float* kw = a.key_weights + b * a.num_keys * w;
-  const float* values = a.values + b * a.num_keys * c;
-  float* out = a.out + b * a.num_queries * c;
-  const auto crowded = [&](int64_t nq, int64_t nk) { return nq * nk * (w + c) > (nq + nk) * w * c; };
-  for (int64_t h = 0; h < a.num_hashes; ++h) {
-    s.group_keys(queries, keys, h);
-    const bool may_crowd = s.keys.largest * (w + c) > w * c;
-    if (may_crowd) s.count_queries(queries.length);
-    bool any_crowded = false;
-    for (int64_t i = 0; i < queries.length; ++i) {
-      const int64_t ahead = first_key(s, i + kPrefetchAhead, queries.length);
-      if (ahead >= 0) {
-        prefetch_row(kw + ahead * w, w);
-        prefetch_row(values + ahead * c, c);
-      }
-      const int64_t slot = s.query_slot[i];
-      if (slot < 0 || s.keys.head[slot] < 0) continue;
-      if (may_crowd && crowded(s.query_count[slot], s.keys.size[slot])) {
-        any_crowded = true;
-        continue;
-      }
-      float local[kC > 0 ? kC : 1];  // a fixed-width output row is accumulated in registers
-      float* row = kC > 0 ? local : out + i * c;
-      if (kC > 0) copy(row, out + i * c, c);
-      for (int64_t j = s.keys.head[slot]; j >= 0; j = s.keys.next[j]) {
-        add_scaled(row, values + j * c, dot(qw + i * w, kw + j * w, w), c);
-      }
-      if (kC > 0) copy(out + i * c, row, c);
-    }
-    if (!any_crowded) continue;
-    s.queries.build(s.query_slot, queries.length, s.slots.size());
-    s.key_table.resize(w * c);
-    for (int64_t slot = 0; slot < s.slots.size(); ++slot) {
-      if (s.query_count[slot] == 0 || !crowded(s.query_count[slot], s.keys.size[slot])) continue;
-      std::fill(s.key_table.begin(), s.key_table.end(), 0.f);
-      for (int64_t j = s.keys.head[slot]; j >= 0; j = s.keys.next[j]) {
-        add_outer(s.key_table.data(), kw + j * w, values + j * c, w, c);
-      }
-      for (int64_t e = s.queries.start[slot]; e < s.queries.start[slot + 1]; ++e) {
-        const int64_t i = s.queries.order[e];
-        add_contracted(out + i * c, qw + i * w, s.key_table.data(), w, c);
-      }
-    }
-  }
-  scale(out, 1.f / static_cast<float>(a.num_hashes), a.num_queries * c);
-}
-
-YOSO_MULTIVERSIONED void weighted_batch_row(const WeightedArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
-  if (a.width == a.channels && a.width == 32) return weighted_rows<32, 32>(a, b, queries, keys, s);
-  if (a.width == a.channels && a.width == 64) return weighted_rows<64, 64>(a, b, queries, keys, s);
-  weighted_rows<0, 0>(a, b, queries, keys, s);
-}
-
-struct BothArgs {
-  const float *query_weights, *query_values, *key_weights, *key_values;
-  float *query_out, *key_out;
+// The weighted cumulations, one side or both. Pair weights s_ij = qw_i . kw_j over the colliding
+// pairs of every hash:
+//   query_out_i = (1/m) sum_h sum_j [collide] s_ij key_values_j                (lsh_weighted_cumulation)
+//   key_out_j   = (1/m) sum_h sum_i [collide] s_ij query_values_i   (also, in lsh_weighted_cumulation_both)
+// Both sides come from one pass over the pairs (YOSO's lower-bound grad Q and grad K share s_ij).
+// A bucket with nq queries and nk keys costs nq nk (w + qc + kc) by pairs and (nq + nk) w (qc + kc)
+// through the tables sum_j kw_j key_values_j^T and sum_i qw_i query_values_i^T; the tables are used
+// where they are cheaper (crowded buckets, small tau). The queries are counted per bucket only in a
+// hash where some bucket is large enough for that. One side is the case qc = 0.
+struct PairArgs {
+  const float *query_weights, *query_values, *key_weights, *key_values;  // query_values: both sides only
+  float *query_out, *key_out;                                           // key_out: both sides only
   int64_t num_queries, num_keys, num_hashes, width, query_channels, key_channels;
 };
 
-// Both sides of the weighted cumulation in one pass over the colliding pairs (YOSO's lower-bound
-// grad Q and grad K share the pair weights s_ij = qw_i . kw_j):
-//   query_out_i = (1/m) sum_h sum_j [collide] s_ij key_values_j
-//   key_out_j   = (1/m) sum_h sum_i [collide] s_ij query_values_i
-// Crowded buckets go through the tables sum_j kw_j key_values_j^T and sum_i qw_i query_values_i^T.
-template <int64_t kW, int64_t kQC, int64_t kKC>  // row widths known at compile time (> 0) unroll their loops
-YOSO_INLINE void both_rows(const BothArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
-  const int64_t w = kW > 0 ? kW : a.width, qc = kQC > 0 ? kQC : a.query_channels, kc = kKC > 0 ? kKC : a.key_channels;
+template <bool kBothSides, int64_t kW, int64_t kQC, int64_t kKC>  // widths known at compile time (> 0) unroll loops
+YOSO_INLINE void pair_rows(const PairArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
+  const int64_t w = kW > 0 ? kW : a.width, kc = kKC > 0 ? kKC : a.key_channels;
+  const int64_t qc = !kBothSides ? 0 : kQC > 0 ? kQC : a.query_channels;
   const float* qw = a.query_weights + b * a.num_queries * w;
-  const float* qv = a.query_values + b * a.num_queries * qc;
+  const float* qv = kBothSides ? a.query_values + b * a.num_queries * qc : nullptr;
   const float* kw = a.key_weights + b * a.num_keys * w;
   const float* kv = a.key_values + b * a.num_keys * kc;
   float* query_out = a.query_out + b * a.num_queries * kc;
-  float* key_out = a.key_out + b * a.num_keys * qc;
+  float* key_out = kBothSides ? a.key_out + b * a.num_keys * qc : nullptr;
   const auto crowded = [&](int64_t nq, int64_t nk) { return nq * nk * (w + qc + kc) > (nq + nk) * w * (qc + kc); };
   for (int64_t h = 0; h < a.num_hashes; ++h) {
     s.group_keys(queries, keys, h);
@@ -700,7 +636,7 @@ YOSO_INLINE void both_rows(const BothArgs& a, int64_t b, Side queries, Side keys
       if (ahead >= 0) {
         prefetch_row(kw + ahead * w, w);
         prefetch_row(kv + ahead * kc, kc);
-        prefetch_row(key_out + ahead * qc, qc);
+        if constexpr (kBothSides) prefetch_row(key_out + ahead * qc, qc);
       }
       const int64_t slot = s.query_slot[i];
       if (slot < 0 || s.keys.head[slot] < 0) continue;
@@ -714,7 +650,7 @@ YOSO_INLINE void both_rows(const BothArgs& a, int64_t b, Side queries, Side keys
       for (int64_t j = s.keys.head[slot]; j >= 0; j = s.keys.next[j]) {
         const float weight = dot(qw + i * w, kw + j * w, w);
         add_scaled(row, kv + j * kc, weight, kc);
-        add_scaled(key_out + j * qc, qv + i * qc, weight, qc);
+        if constexpr (kBothSides) add_scaled(key_out + j * qc, qv + i * qc, weight, qc);
       }
       if (kKC > 0) copy(query_out + i * kc, row, kc);
     }
@@ -725,17 +661,18 @@ YOSO_INLINE void both_rows(const BothArgs& a, int64_t b, Side queries, Side keys
     for (int64_t slot = 0; slot < s.slots.size(); ++slot) {
       if (s.query_count[slot] == 0 || !crowded(s.query_count[slot], s.keys.size[slot])) continue;
       std::fill(s.key_table.begin(), s.key_table.end(), 0.f);
-      std::fill(s.query_table.begin(), s.query_table.end(), 0.f);
       for (int64_t j = s.keys.head[slot]; j >= 0; j = s.keys.next[j]) {
         add_outer(s.key_table.data(), kw + j * w, kv + j * kc, w, kc);
       }
       for (int64_t e = s.queries.start[slot]; e < s.queries.start[slot + 1]; ++e) {
         const int64_t i = s.queries.order[e];
-        add_outer(s.query_table.data(), qw + i * w, qv + i * qc, w, qc);
+        add_contracted(query_out + i * kc, qw + i * w, s.key_table.data(), w, kc);
       }
+      if constexpr (!kBothSides) continue;
+      std::fill(s.query_table.begin(), s.query_table.end(), 0.f);
       for (int64_t e = s.queries.start[slot]; e < s.queries.start[slot + 1]; ++e) {
         const int64_t i = s.queries.order[e];
-        add_contracted(query_out + i * kc, qw + i * w, s.key_table.data(), w, kc);
+        add_outer(s.query_table.data(), qw + i * w, qv + i * qc, w, qc);
       }
       for (int64_t j = s.keys.head[slot]; j >= 0; j = s.keys.next[j]) {
         add_contracted(key_out + j * qc, kw + j * w, s.query_table.data(), w, qc);
@@ -743,14 +680,16 @@ YOSO_INLINE void both_rows(const BothArgs& a, int64_t b, Side queries, Side keys
     }
   }
   scale(query_out, 1.f / static_cast<float>(a.num_hashes), a.num_queries * kc);
-  scale(key_out, 1.f / static_cast<float>(a.num_hashes), a.num_keys * qc);
+  if constexpr (kBothSides) scale(key_out, 1.f / static_cast<float>(a.num_hashes), a.num_keys * qc);
 }
 
-YOSO_MULTIVERSIONED void both_batch_row(const BothArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
+template <bool kBothSides>
+YOSO_MULTIVERSIONED void pair_batch_row(const PairArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
   const int64_t d = a.width;
-  if (d == a.query_channels && d == a.key_channels && d == 32) return both_rows<32, 32, 32>(a, b, queries, keys, s);
-  if (d == a.query_channels && d == a.key_channels && d == 64) return both_rows<64, 64, 64>(a, b, queries, keys, s);
-  both_rows<0, 0, 0>(a, b, queries, keys, s);
+  const bool same = d == a.key_channels && (!kBothSides || d == a.query_channels);
+  if (same && d == 32) return pair_rows<kBothSides, 32, 32, 32>(a, b, queries, keys, s);
+  if (same && d == 64) return pair_rows<kBothSides, 64, 64, 64>(a, b, queries, keys, s);
+  pair_rows<kBothSides, 0, 0, 0>(a, b, queries, keys, s);
 }
 
 struct CollidedArgs {
@@ -880,13 +819,13 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
   const at::Tensor q_mask = query_mask.contiguous(), k_mask = key_mask.contiguous();
   const at::Tensor qw = as_float(query_weights), kw = as_float(key_weights), v = as_float(values);
   at::Tensor out = at::zeros({batch, num_queries, channels}, values.options().dtype(at::kFloat));
-  const WeightedArgs args{qw.data_ptr<float>(), kw.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(),
-                          num_queries, num_keys, num_hashes, width, channels};
+  const PairArgs args{qw.data_ptr<float>(), nullptr, kw.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(),
+                      nullptr, num_queries, num_keys, num_hashes, width, 0, channels};
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(hash_bits, num_queries, num_keys, num_hashes);
     for (int64_t b = begin; b < end; ++b) {
       const auto [queries, keys] = scratch.load_codes(q_codes, q_mask, k_codes, k_mask, b);
-      weighted_batch_row(args, b, queries, keys, scratch);
+      pair_batch_row<false>(args, b, queries, keys, scratch);
     }
   });
   return out;
@@ -912,14 +851,14 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cpu(
   const at::Tensor qv = as_float(query_values), kv = as_float(key_values);
   at::Tensor query_out = at::zeros({batch, num_queries, key_channels}, key_values.options().dtype(at::kFloat));
   at::Tensor key_out = at::zeros({batch, num_keys, query_channels}, query_values.options().dtype(at::kFloat));
-  const BothArgs args{qw.data_ptr<float>(), qv.data_ptr<float>(), kw.data_ptr<float>(), kv.data_ptr<float>(),
+  const PairArgs args{qw.data_ptr<float>(), qv.data_ptr<float>(), kw.data_ptr<float>(), kv.data_ptr<float>(),
                       query_out.data_ptr<float>(), key_out.data_ptr<float>(), num_queries, num_keys, num_hashes,
                       width, query_channels, key_channels};
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch(hash_bits, num_queries, num_keys, num_hashes);
     for (int64_t b = begin; b < end; ++b) {
       const auto [queries, keys] = scratch.load_codes(q_codes, q_mask, k_codes, k_mask, b);
-      both_batch_row(args, b, queries, keys, scratch);
+      pair_batch_row<true>(args, b, queries, keys, scratch);
     }
   });
   return {query_out, key_out};
