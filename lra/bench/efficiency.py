@@ -16,8 +16,9 @@ YOSO's tau is log2 n, as in the paper's profile (its presets leave ``hash_bits``
 Batch: on a GPU, the largest power of two that fits (doubling from 1 until out of memory, capped
 at ``--max-batch-tokens`` tokens), as the original ``profile_seq_len_max_batch.py``; on a CPU, a
 fixed ``--batch``. Time is the median of ``--repeats`` steps after a warm-up step, divided by the
-batch (per instance). Memory is the peak during those steps above what was in use before the model
-was built (weights, gradients, activations, temporaries), divided by the batch: CUDA's
+batch (per instance). Memory is the peak of one further step (untimed: on a CPU the meter slows
+what it watches) above what was in use before the model was built (weights, gradients,
+activations, temporaries), divided by the batch: CUDA's
 ``max_memory_allocated`` on a GPU, the process's peak resident set (``VmHWM``, reset before each
 cell) on a CPU. A CPU cell runs under an address-space limit (``--memory-limit-mb``, default 90% of
 the memory available at start), so running out of memory is an error recorded in the results, not
@@ -174,11 +175,13 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: ModelConfig) ->
     training_step(model, batch, seq_len, device, args.precision)  # warm-up
     synchronize(device)
     meter.reset_peak()
+    training_step(model, batch, seq_len, device, args.precision)  # the memory's run: the CPU's meter slows it
+    synchronize(device)
+    memory = meter.peak_above_baseline() / batch
     times = [
         ms / batch
         for ms in time_calls(lambda: training_step(model, batch, seq_len, device, args.precision), device, args.repeats)
     ]
-    memory = meter.peak_above_baseline() / batch
     return {
         "batch": batch,
         "time_ms": round(statistics.median(times), 4),

@@ -12,8 +12,8 @@
   ``--reference-max-length``).
 
 Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
-``peak_memory_mb`` is the peak during those runs above the memory in use before them (the inputs
-excluded): CUDA's allocations on a GPU, the process's resident set on a CPU (``MemoryMeter`` of
+``peak_memory_mb`` is the peak of a run after the warm-up above the memory in use before it (the inputs
+excluded; untimed): CUDA's allocations on a GPU, the process's resident set on a CPU (``MemoryMeter`` of
 ``lra/bench/measure.py``). Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len,
 head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
 (out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on.
@@ -53,13 +53,16 @@ def sdpa_backends(device: torch.device) -> dict[str, object]:
 
 
 def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median milliseconds of ``run()`` after one warm-up, and its peak memory (MB) above what was in use before."""
+    """Median milliseconds of ``run()`` (``time_calls``), and the peak memory (MB) of a run after a warm-up
+    above what was in use before it (a run of its own, untimed: the CPU's memory meter slows what it watches)."""
     run()
     synchronize(device)
     meter = MemoryMeter(device)
     meter.reset_peak()
-    times = time_calls(run, device, repeats)
-    return statistics.median(times), meter.peak_above_baseline()
+    run()
+    synchronize(device)
+    peak = meter.peak_above_baseline()
+    return statistics.median(time_calls(run, device, repeats)), peak
 
 
 def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, device: torch.device, backward: bool):

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+# glibc's defaults, and the ceiling its dynamic mmap threshold rises to on 64-bit (trimming at twice it).
+DEFAULT_TRIM_THRESHOLD, STEADY_MMAP_THRESHOLD = 128 * 2**10, 32 * 2**20
 
 
 def synchronize(device: torch.device) -> None:
@@ -22,7 +24,17 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_calls(run: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
-    """Milliseconds of each of ``repeats`` calls of ``run``, the device synchronised after each (warm up first)."""
+    """Milliseconds of each of ``repeats`` calls of ``run`` after one untimed call, the device synchronised after each.
+
+    On a CPU, glibc's allocator is first put in the state a long run reaches on its own (blocks under
+    32 MiB recycled, not returned to the OS), undoing ``MemoryMeter``'s setting, under which every large
+    block is mapped and faulted in afresh: that costs time in proportion to an attention's temporaries
+    (a YOSO-32 forward at n = 16384, head dim 64, 2 threads, median of 3, one process each: 63 and 69 ms
+    under it; 35-54 ms with glibc's defaults and 45-50 ms in the state set here, the machine's noise)."""
+    if device.type == "cpu":
+        _set_allocator(mmap_threshold=STEADY_MMAP_THRESHOLD, trim_threshold=2 * STEADY_MMAP_THRESHOLD)
+    run()  # warms the allocator (and any lazy state) up
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -38,7 +50,8 @@ class MemoryMeter:
     On a CPU the resident set only shows what the allocator holds, so glibc is told to serve every
     block of 1 MiB or more by ``mmap`` (returned to the OS on free; by default the threshold rises
     with each such free and large blocks get recycled unseen) and to give back freed memory before
-    the baseline is read.
+    the baseline is read. That setting slows the work it watches, so a benchmark measures the peak
+    in a run of its own, never in the timed ones (``time_calls`` undoes it).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -74,11 +87,18 @@ def _glibc():
         return None
 
 
-def _release_freed_cpu_memory() -> None:
-    gc.collect()
+def _set_allocator(mmap_threshold: int, trim_threshold: int) -> None:
     libc = _glibc()
     if libc is not None:
-        libc.mallopt(M_MMAP_THRESHOLD, 2**20)
+        libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
+
+
+def _release_freed_cpu_memory() -> None:
+    gc.collect()
+    _set_allocator(mmap_threshold=2**20, trim_threshold=DEFAULT_TRIM_THRESHOLD)
+    libc = _glibc()
+    if libc is not None:
         libc.malloc_trim(0)
 
 
