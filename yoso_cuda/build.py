@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,13 +156,16 @@ def build_lock(build_directory: Path):
 
 
 def _openmp_flags() -> list[str]:
-    """``-fopenmp`` where torch's own threads are OpenMP's (Linux wheels).
+    """``-fopenmp`` on Linux where torch's own threads are OpenMP's (its Linux wheels).
 
     ``at::parallel_for`` is a header template: compiled without OpenMP it silently runs its whole
     range on the calling thread (measured: 1.0x from 2 threads), so the kernels need the flag to use
     torch's intra-op threads. The library links against ``libgomp.so.1``, which resolves to the copy
-    torch has already loaded, so there is one OpenMP runtime and one thread pool."""
-    return ["-fopenmp"] if "parallel backend: OpenMP" in torch.__config__.parallel_info() else []
+    torch has already loaded, so there is one OpenMP runtime and one thread pool. Elsewhere (Apple's
+    compiler has no ``-fopenmp``) the kernels build without it and run on one thread."""
+    if not sys.platform.startswith("linux") or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return []
+    return ["-fopenmp"]
 
 
 def _load(library: Library, sources: list[Path], verbose: bool, extra_flags: list[str] = ()) -> None:
