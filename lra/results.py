@@ -47,14 +47,6 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def git_commit() -> str:
     """The commit of the checkout this code runs from, with ``-dirty`` for uncommitted changes; "unknown"
     for an installed copy (even one installed inside another repository's folder)."""

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 import attention_zoo
 
 from . import config, results
+from .data.cache import file_sha256
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation, a failure's traceback.
@@ -182,7 +183,7 @@ def pretrain_first(cfg: DictConfig, row: str | None) -> dict[str, Any]:
         "objective": cfg.pretrain.objective,
         "steps": record["steps"],
         "checkpoint": str(checkpoint),
-        "checkpoint_sha256": results.file_sha256(checkpoint),
+        "checkpoint_sha256": file_sha256(checkpoint),
         "config_hash": record["config_hash"],
         "val_masked_acc": record["best_val_acc"],
     }

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lra import results
+from lra.data.cache import file_sha256
 from lra.module import (
     IGNORED,
     LRAClassificationModule,
@@ -139,7 +140,7 @@ def test_pretrain_then_finetune_end_to_end_and_the_pretraining_is_reused(tmp_pat
     record = json.loads(finetuned.read_text())
     assert record["status"] == "finished" and record["pretrain"]["objective"] == "mlm"
     assert record["pretrained"]["steps"] == 6
-    assert record["pretrained"]["checkpoint_sha256"] == results.file_sha256(Path(pre["best_checkpoint"]))
+    assert record["pretrained"]["checkpoint_sha256"] == file_sha256(Path(pre["best_checkpoint"]))
     assert record["config_hash"] != pre["config_hash"]
     (scratch,) = (tmp_path / "outputs" / "listops" / "softmax").glob("*pretrain=none*/results.json")
     assert json.loads(scratch.read_text())["pretrain"] == {"objective": "none"}
