@@ -9,6 +9,8 @@ The public interface (what ``attention_zoo`` uses):
 * :func:`expected_collisions`: YOSO-E's collision probabilities ``(1 - arccos(q . k)/pi)^tau``;
 * the raw ops (:func:`hash_codes`, :func:`lsh_cumulation`, ...), each with a ``backend`` argument:
   ``"auto"`` (compiled kernels where built), ``"compiled"`` or ``"reference"`` (pure PyTorch);
+* :func:`softmax_dropout_attention`: exact softmax attention with dropout, fused on the CPU (the
+  softmax baseline's training path, :mod:`yoso_cuda.softmax`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
@@ -29,6 +31,7 @@ from .ops import (
     lsh_weighted_cumulation_both,
 )
 from .reference import expected_collisions
+from .softmax import softmax_dropout_attention
 
 __all__ = [
     "BACKENDS",
@@ -45,4 +48,5 @@ __all__ = [
     "lsh_cumulation",
     "lsh_weighted_cumulation",
     "lsh_weighted_cumulation_both",
+    "softmax_dropout_attention",
 ]

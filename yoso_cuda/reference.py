@@ -6,7 +6,7 @@ vector x is the sign pattern of tau projections of x; two vectors collide in one
 probability ``(1 - theta/pi)^tau`` for angle theta when the projections are independent Gaussians
 (Charikar 2002), and approximately so for the fast pseudo-random rotation below.
 
-Every function here is linear in n in memory: the cumulations sort codes and sum per occupied
+Every YOSO function here is linear in n in memory: the cumulations sort codes and sum per occupied
 bucket (memory independent of tau and of bucket sizes), rather than allocating 2^tau-row tables,
 and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 
@@ -22,6 +22,9 @@ and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 * :func:`lsh_collided_gradient`: ``out_i = sum_{j in U(i)} (qw_i . kw_j) f'(s x_ij) kv_j`` with
   ``x_ij = qv_i . kv_j``, U(i) the real keys colliding with query i in at least one hash (each
   counted once), ``f(x) = (1 - arccos(x)/pi)^tau`` and ``s = 0.99`` keeping f' finite.
+
+* :func:`softmax_dropout_attention`: exact softmax attention with dropout on its probabilities,
+  under the counter-based mask of the fused CPU kernel (:func:`dropout_keep`), densely.
 
 Masked (padded) keys never enter a bucket and masked queries get zero rows. A code outside
 ``[0, 2^hash_bits)`` is an error, as in the compiled kernels.
@@ -285,3 +288,42 @@ def expected_collisions(queries: torch.Tensor, keys: torch.Tensor, hash_bits: in
     """YOSO-E's weights ``(1 - arccos(q . k)/pi)^tau`` of unit vectors: ``(B, nq, d), (B, nk, d) -> (B, nq, nk)``."""
     cosine = (queries.float() @ keys.float().transpose(-1, -2)).clamp(-1.0, 1.0)
     return (1 - torch.arccos(cosine) / math.pi).pow(hash_bits)
+
+
+# The dropout mask of yoso::softmax_dropout_attention (csrc/softmax_dropout.cpp): a key is dropped when
+# the 32-bit hash of (seed, head row, query, key) is below round(p 2^32).
+WORD = 0xFFFFFFFF
+ROW_STRIDE, QUERY_STRIDE, KEY_STRIDE = 0x9E3779B9, 0x85EBCA77, 0xC2B2AE3D
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """The murmur3 finaliser on 32-bit words held in int64 (products keep their low 32 bits)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & WORD
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & WORD
+    return x ^ (x >> 16)
+
+
+def dropout_keep(seed: int, batch: int, heads: int, length: int, dropout: float) -> torch.Tensor:
+    """Which (query, key) pairs the fused softmax dropout keeps: ``(batch, heads, n, n)`` bool."""
+    rows = torch.arange(batch * heads, dtype=torch.int64)[:, None, None]  # (b*h, 1, 1)
+    queries = torch.arange(length, dtype=torch.int64)[None, :, None]  # (1, n, 1)
+    keys = torch.arange(length, dtype=torch.int64)[None, None, :]  # (1, 1, n)
+    seeded = _mix((rows * ROW_STRIDE + (seed & WORD)) & WORD)
+    row_key = _mix((_mix(seeded ^ ((seed >> 32) & WORD)) + queries * QUERY_STRIDE) & WORD)  # (b*h, n, 1)
+    hashes = _mix(row_key ^ ((keys * KEY_STRIDE) & WORD))  # (b*h, n, n)
+    threshold = min(round(math.ldexp(dropout, 32)), WORD)
+    return (hashes >= threshold).view(batch, heads, length, length)
+
+
+def softmax_dropout_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, dropout: float, seed: int
+) -> torch.Tensor:
+    """``(softmax(q k^T / sqrt(d)) * keep / (1 - p)) v`` densely, with :func:`dropout_keep`'s mask: ``(b, h, n, c)``."""
+    batch, heads, length, dim = q.shape
+    scores = q @ k.transpose(-1, -2) / math.sqrt(dim)  # (b, h, n, n)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    keep = dropout_keep(seed, batch, heads, length, dropout).to(q.device)
+    return (scores.softmax(dim=-1) * keep / (1 - dropout)) @ v

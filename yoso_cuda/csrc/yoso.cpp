@@ -33,6 +33,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,22 +50,7 @@ constexpr double kPi = 3.14159265358979323846;
 
 namespace {
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define YOSO_MULTIVERSIONED __attribute__((target_clones("avx2", "default")))
-#else
-#define YOSO_MULTIVERSIONED
-#endif
-// Helpers are forced inline so that they are compiled for the ISA of the multiversioned caller.
-#define YOSO_INLINE inline __attribute__((always_inline))
-
-// Passing 32-byte vectors by value has a different ABI with and without AVX; every function that
-// does is forced inline into one multiversioned caller, so no call crosses the two.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-constexpr int64_t kLanes = 8;  // floats per SIMD value
 constexpr int64_t kPrefetchAhead = 8;  // queries ahead whose key rows are prefetched
-typedef float Floats __attribute__((vector_size(32)));
-typedef int32_t Ints __attribute__((vector_size(32)));
 
 // An array of SIMD values. std::vector would ignore their 32-byte alignment (an attribute of the
 // typedef), which the AVX2 code assumes, so this aligns its storage itself.
@@ -81,40 +67,6 @@ class FloatsBuffer {
   Floats* data_;
 };
 
-YOSO_INLINE Floats load(const float* p) {
-  Floats value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
-}
-
-YOSO_INLINE void store(float* p, Floats value) { std::memcpy(p, &value, sizeof value); }
-
-typedef float HalfFloats __attribute__((vector_size(16)));
-
-YOSO_INLINE float horizontal_sum(Floats value) {
-  HalfFloats low, high;  // the two 128-bit halves
-  std::memcpy(&low, &value, sizeof low);
-  std::memcpy(&high, reinterpret_cast<const char*>(&value) + sizeof low, sizeof high);
-  low += high;
-  return (low[0] + low[2]) + (low[1] + low[3]);
-}
-
-YOSO_INLINE float dot(const float* a, const float* b, int64_t size) {
-  Floats even{}, odd{};  // two chains of partial sums, so consecutive multiply-adds overlap
-  int64_t k = 0;
-  for (; k + 2 * kLanes <= size; k += 2 * kLanes) {
-    even += load(a + k) * load(b + k);
-    odd += load(a + k + kLanes) * load(b + k + kLanes);
-  }
-  if (k + kLanes <= size) {
-    even += load(a + k) * load(b + k);
-    k += kLanes;
-  }
-  float total = horizontal_sum(even + odd);
-  for (; k < size; ++k) total += a[k] * b[k];
-  return total;
-}
-
 // Asks the cache for the `size` floats at `row` (a hint: no fault, no effect on the results).
 YOSO_INLINE void prefetch_row(const float* row, int64_t size) {
   for (int64_t k = 0; k < size; k += 16) __builtin_prefetch(row + k);
@@ -124,12 +76,6 @@ YOSO_INLINE void add_scaled(float* out, const float* x, float scale, int64_t siz
   int64_t k = 0;
   for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + scale * load(x + k));
   for (; k < size; ++k) out[k] += scale * x[k];
-}
-
-YOSO_INLINE void add(float* out, const float* x, int64_t size) {
-  int64_t k = 0;
-  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + load(x + k));
-  for (; k < size; ++k) out[k] += x[k];
 }
 
 YOSO_INLINE void copy(float* out, const float* x, int64_t size) {
@@ -160,11 +106,6 @@ YOSO_INLINE void add_if(float* out, const float* x, bool keep, int64_t size) {
   for (; k < size; ++k) out[k] += keep ? x[k] : 0.f;
 }
 
-YOSO_INLINE void scale(float* out, float factor, int64_t size) {
-  int64_t k = 0;
-  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) * factor);
-  for (; k < size; ++k) out[k] *= factor;
-}
 
 // table (rows x channels) += outer(rows_weights, values): the sum kw_j v_j^T of a crowded bucket.
 YOSO_INLINE void add_outer(float* table, const float* weights, const float* values, int64_t rows, int64_t channels) {

@@ -1,0 +1,75 @@
+// SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp): GNU vector
+// extensions (GCC or Clang), compiled for AVX2 and for the baseline where GCC can multiversion.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace yoso {
+namespace {
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define YOSO_MULTIVERSIONED __attribute__((target_clones("avx2", "default")))
+#else
+#define YOSO_MULTIVERSIONED
+#endif
+// Helpers are forced inline so that they are compiled for the ISA of the multiversioned caller.
+#define YOSO_INLINE inline __attribute__((always_inline))
+
+// Passing 32-byte vectors by value has a different ABI with and without AVX; every function that
+// does is forced inline into one multiversioned caller, so no call crosses the two.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+constexpr int64_t kLanes = 8;  // floats per SIMD value
+typedef float Floats __attribute__((vector_size(32)));
+typedef int32_t Ints __attribute__((vector_size(32)));
+
+YOSO_INLINE Floats load(const float* p) {
+  Floats value;
+  std::memcpy(&value, p, sizeof value);
+  return value;
+}
+
+YOSO_INLINE void store(float* p, Floats value) { std::memcpy(p, &value, sizeof value); }
+
+typedef float HalfFloats __attribute__((vector_size(16)));
+
+YOSO_INLINE float horizontal_sum(Floats value) {
+  HalfFloats low, high;  // the two 128-bit halves
+  std::memcpy(&low, &value, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&value) + sizeof low, sizeof high);
+  low += high;
+  return (low[0] + low[2]) + (low[1] + low[3]);
+}
+
+YOSO_INLINE float dot(const float* a, const float* b, int64_t size) {
+  Floats even{}, odd{};  // two chains of partial sums, so consecutive multiply-adds overlap
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= size; k += 2 * kLanes) {
+    even += load(a + k) * load(b + k);
+    odd += load(a + k + kLanes) * load(b + k + kLanes);
+  }
+  if (k + kLanes <= size) {
+    even += load(a + k) * load(b + k);
+    k += kLanes;
+  }
+  float total = horizontal_sum(even + odd);
+  for (; k < size; ++k) total += a[k] * b[k];
+  return total;
+}
+
+YOSO_INLINE void add(float* out, const float* x, int64_t size) {
+  int64_t k = 0;
+  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + load(x + k));
+  for (; k < size; ++k) out[k] += x[k];
+}
+
+YOSO_INLINE void scale(float* out, float factor, int64_t size) {
+  int64_t k = 0;
+  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) * factor);
+  for (; k < size; ++k) out[k] *= factor;
+}
+
+}  // namespace
+}  // namespace yoso

@@ -1,0 +1,374 @@
+// Exact softmax attention with dropout on its probabilities, fused, on the CPU: the baseline's
+// training path.
+//
+//   out = (softmax(Q K^T / sqrt(d) + key_bias) * keep / (1 - p)) V,  keep ~ Bernoulli(1 - p)
+//
+// PyTorch's CPU flash-attention kernel has no dropout, so scaled_dot_product_attention with
+// dropout_p > 0 falls back to its math path, which holds the n x n scores, probabilities and
+// dropout mask of every head in memory. Here each thread takes one head row (batch x head) at a
+// time and walks it in blocks of queries, holding only a block's scores (block x n floats):
+//
+// * forward: scores of the block (a small GEMM against K^T), each row's max, exponentials and sum,
+//   the dropout mask, then the block's output (a GEMM against V); it keeps the row's log-sum-exp;
+// * backward: the block's probabilities again from the scores and the log-sum-exp, the same mask,
+//   then dV += Pd^T dO, dPd = dO V^T, dS = P * (keep dPd / (1 - p) - rowsum(dO * O)),
+//   dQ = dS K / sqrt(d) and dK += dS^T Q / sqrt(d) (the flash-attention backward).
+//
+// The mask is a counter-based hash of (seed, head row, query, key), so the backward regenerates it
+// instead of storing n^2 bits, and a key's fate does not depend on the block sizes or the thread
+// count. yoso_cuda/reference.py (softmax_dropout_attention, dropout_keep) computes the same mask and
+// the same function densely; it is the tests' oracle. Every head row is computed by one thread in a
+// fixed order: results are bitwise the same on any number of threads.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "simd.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace yoso {
+namespace {
+
+typedef uint32_t Uints __attribute__((vector_size(32)));
+
+// The murmur3 finaliser: a bijection of 32-bit words whose every output bit depends on every input
+// bit. Written once for a word and for 8 lanes (the operators are the same).
+template <typename Word>
+YOSO_INLINE Word mix(Word x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+constexpr uint32_t kRowStride = 0x9e3779b9u, kQueryStride = 0x85ebca77u, kKeyStride = 0xc2b2ae3du;
+
+// The hash of every (query, key) pair of query `query` in head row `head_row` is mix(row ^ key * kKeyStride).
+YOSO_INLINE uint32_t row_key(uint64_t seed, uint64_t head_row, uint64_t query) {
+  const uint32_t seeded = mix(static_cast<uint32_t>(head_row) * kRowStride + static_cast<uint32_t>(seed));
+  return mix(mix(seeded ^ static_cast<uint32_t>(seed >> 32)) + static_cast<uint32_t>(query) * kQueryStride);
+}
+
+// A key is dropped when its hash is below `threshold` = round(p 2^32): probability p to within 2^-33.
+uint32_t drop_threshold(double dropout) {
+  return static_cast<uint32_t>(std::min(std::nearbyint(std::ldexp(dropout, 32)), 4294967295.0));
+}
+
+// exp(x) for x <= 0 (scores minus their row's max), by the Cephes polynomial: within 2 ulp of
+// expf over [-87, 0]; 0 below -87, where expf is under 1.7e-38 (and for -inf, a masked key).
+YOSO_INLINE Floats exp_nonpositive(Floats x) {
+  const Ints below = x < -87.0f;
+  x = below ? Floats{} - 87.0f : x;
+  const Floats n = x * 1.44269504088896341f + 0.5f;
+  Floats whole = __builtin_convertvector(__builtin_convertvector(n, Ints), Floats);  // truncated: floor for n <= 0.5
+  whole = whole > n ? whole - 1.0f : whole;
+  const Floats r = x - whole * 0.693359375f + whole * 2.12194440e-4f;
+  Floats poly = 1.9875691500e-4f * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * r * r + r + 1.0f;
+  const Ints exponent = (__builtin_convertvector(whole, Ints) + 127) << 23;
+  const Floats value = poly * reinterpret_cast<Floats>(exponent);
+  return reinterpret_cast<Floats>(reinterpret_cast<Ints>(value) & ~below);
+}
+
+// The same for one float, through the same arithmetic (tails of rows not a multiple of 8 long).
+YOSO_INLINE float exp_nonpositive(float x) { return exp_nonpositive(Floats{} + x)[0]; }
+
+// C (M x N, row stride ldc) = or += alpha * A B, with A(m, k) = a[m * a_row + k * a_col] and B (K x N,
+// row stride ldb). Blocks of 6 rows x 16 columns accumulate in registers; A's elements are broadcast.
+template <int kRows, int kVectors>
+YOSO_INLINE void gemm_block(int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                            int64_t ldc, float alpha, bool accumulate) {
+  Floats sum[kRows][kVectors] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    Floats row[kVectors];
+    for (int v = 0; v < kVectors; ++v) row[v] = load(b + k * ldb + v * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const Floats weight = Floats{} + a[r * a_row + k * a_col];
+      for (int v = 0; v < kVectors; ++v) sum[r][v] += weight * row[v];
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVectors; ++v) {
+      float* out = c + r * ldc + v * kLanes;
+      store(out, accumulate ? load(out) + alpha * sum[r][v] : alpha * sum[r][v]);
+    }
+}
+
+template <int kVectors>
+YOSO_INLINE void gemm_columns(int64_t M, int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, float alpha, bool accumulate) {
+  constexpr int kRows = 12 / kVectors;  // 12 accumulators, the loaded row and a broadcast: 16 AVX2 registers or fewer
+  int64_t m = 0;
+  for (; m + kRows <= M; m += kRows)
+    gemm_block<kRows, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  for (; m < M; ++m) gemm_block<1, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+}
+
+YOSO_INLINE void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                      int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
+  int64_t n = 0;
+  for (; n + 2 * kLanes <= N; n += 2 * kLanes) gemm_columns<2>(M, K, a, a_row, a_col, b + n, ldb, c + n, ldc, alpha, accumulate);
+  for (; n + kLanes <= N; n += kLanes) gemm_columns<1>(M, K, a, a_row, a_col, b + n, ldb, c + n, ldc, alpha, accumulate);
+  for (; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < K; ++k) sum += a[m * a_row + k * a_col] * b[k * ldb + n];
+      c[m * ldc + n] = accumulate ? c[m * ldc + n] + alpha * sum : alpha * sum;
+    }
+}
+
+// (rows x cols) -> (cols x rows)
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+struct Problem {
+  int64_t head_rows, heads, n, dim, value_dim;
+  const float *q, *k, *v;
+  const bool* key_mask;  // (batch, n) or null
+  float scale;  // 1 / sqrt(dim)
+  uint64_t seed;
+  uint32_t threshold;  // drop_threshold(p); 0: no dropout
+  float keep_scale;  // 1 / (1 - p)
+
+  int64_t block() const { return std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{1} << 17) / n / 4 * 4)); }
+};
+
+// One head row's buffers: K^T and V^T (dim x n, value_dim x n), the key bias (0 or -inf), and a
+// block's scores and probability gradients.
+struct Scratch {
+  std::vector<float> keys_t, values_t, bias, scores, grads;
+  Scratch(const Problem& p)
+      : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), bias(p.n), scores(p.block() * p.n), grads(p.block() * p.n) {}
+
+  void start(const Problem& p, int64_t head_row, bool with_values) {
+    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
+    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
+    const bool* mask = p.key_mask ? p.key_mask + head_row / p.heads * p.n : nullptr;
+    for (int64_t j = 0; j < p.n; ++j) bias[j] = !mask || mask[j] ? 0.f : -std::numeric_limits<float>::infinity();
+  }
+};
+
+// row *= keep(query, j) * factor for every key j: the dropout of one row of probabilities.
+YOSO_INLINE void drop(const Problem& p, int64_t head_row, int64_t query, float* row, float factor) {
+  if (p.threshold == 0) {
+    scale(row, factor, p.n);
+    return;
+  }
+  const uint32_t key = row_key(p.seed, head_row, query);
+  Uints index;
+  for (int l = 0; l < kLanes; ++l) index[l] = static_cast<uint32_t>(l);
+  int64_t j = 0;
+  for (; j + kLanes <= p.n; j += kLanes) {
+    const Uints hash = mix(key ^ ((index + static_cast<uint32_t>(j)) * kKeyStride));
+    const Ints kept = reinterpret_cast<Ints>(hash >= p.threshold);
+    store(row + j, reinterpret_cast<Floats>(reinterpret_cast<Ints>(load(row + j) * factor) & kept));
+  }
+  for (; j < p.n; ++j) row[j] = mix(key ^ (static_cast<uint32_t>(j) * kKeyStride)) >= p.threshold ? row[j] * factor : 0.f;
+}
+
+// scores (rows x n) of queries [first, first + rows): q K^T + bias, unscaled.
+YOSO_INLINE void block_scores(const Problem& p, const Scratch& s, const float* queries, int64_t rows, float* scores) {
+  gemm(rows, p.n, p.dim, queries, p.dim, 1, s.keys_t.data(), p.n, scores, p.n, 1.f, false);
+  if (p.key_mask)
+    for (int64_t i = 0; i < rows; ++i) add(scores + i * p.n, s.bias.data(), p.n);
+}
+
+YOSO_MULTIVERSIONED void forward_head_row(const Problem& p, int64_t head_row, Scratch& s, float* out, float* lse) {
+  s.start(p, head_row, false);
+  const int64_t n = p.n, block = p.block();
+  const float* values = p.v + head_row * n * p.value_dim;
+  for (int64_t first = 0; first < n; first += block) {
+    const int64_t rows = std::min(block, n - first);
+    float* scores = s.scores.data();
+    block_scores(p, s, p.q + (head_row * n + first) * p.dim, rows, scores);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = scores + i * n;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) top = std::max(top, row[j]);
+      float* lse_out = lse + head_row * n + first + i;
+      if (top == -std::numeric_limits<float>::infinity()) {  // no real key: a zero row (the caller avoids it)
+        std::fill(row, row + n, 0.f);
+        *lse_out = top;
+        continue;
+      }
+      Floats sums{};
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) {
+        const Floats e = exp_nonpositive((load(row + j) - top) * p.scale);
+        store(row + j, e);
+        sums += e;
+      }
+      float total = horizontal_sum(sums);
+      for (; j < n; ++j) total += row[j] = exp_nonpositive((row[j] - top) * p.scale);
+      *lse_out = top * p.scale + std::log(total);
+      drop(p, head_row, first + i, row, p.keep_scale / total);
+    }
+    gemm(rows, p.value_dim, n, scores, n, 1, values, p.value_dim, out + (head_row * n + first) * p.value_dim, p.value_dim,
+         1.f, false);
+  }
+}
+
+struct Gradients {
+  const float *grad_out, *out, *lse;
+  float *grad_q, *grad_k, *grad_v;
+};
+
+YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g, int64_t head_row, Scratch& s) {
+  s.start(p, head_row, true);
+  const int64_t n = p.n, d = p.dim, c = p.value_dim, block = p.block();
+  const float* keys = p.k + head_row * n * d;
+  float* grad_k = g.grad_k + head_row * n * d;
+  float* grad_v = g.grad_v + head_row * n * c;
+  std::fill(grad_k, grad_k + n * d, 0.f);
+  std::fill(grad_v, grad_v + n * c, 0.f);
+  for (int64_t first = 0; first < n; first += block) {
+    const int64_t rows = std::min(block, n - first), offset = head_row * n + first;
+    const float* queries = p.q + offset * d;
+    const float* grad_out = g.grad_out + offset * c;
+    float* probs = s.scores.data();  // the dropped-out probabilities Pd, then dS
+    float* grads = s.grads.data();  // dPd
+    block_scores(p, s, queries, rows, probs);
+    gemm(rows, n, c, grad_out, c, 1, s.values_t.data(), n, grads, n, 1.f, false);  // dPd = dO V^T
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = probs + i * n;
+      float* grad_row = grads + i * n;
+      const float lse = g.lse[offset + i];
+      if (lse == -std::numeric_limits<float>::infinity()) {
+        std::fill(row, row + n, 0.f);
+        std::fill(grad_row, grad_row + n, 0.f);
+        continue;
+      }
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) store(row + j, exp_nonpositive(load(row + j) * p.scale - lse));
+      for (; j < n; ++j) row[j] = exp_nonpositive(row[j] * p.scale - lse);
+      // dS = P * (keep dPd / (1 - p) - D), D = dO . O; the mask is applied to dPd, then P is dropped
+      // out in place for dV.
+      drop(p, head_row, first + i, grad_row, p.keep_scale);
+      const float total = dot(grad_out + i * c, g.out + (offset + i) * c, c);
+      for (j = 0; j + kLanes <= n; j += kLanes) {
+        const Floats prob = load(row + j);
+        store(grad_row + j, prob * (load(grad_row + j) - total));
+      }
+      for (; j < n; ++j) grad_row[j] = row[j] * (grad_row[j] - total);
+      drop(p, head_row, first + i, row, p.keep_scale);
+    }
+    gemm(n, c, rows, probs, 1, n, grad_out, c, grad_v, c, 1.f, true);  // dV += Pd^T dO
+    gemm(rows, d, n, grads, n, 1, keys, d, g.grad_q + offset * d, d, p.scale, false);  // dQ = dS K / sqrt(d)
+    gemm(n, d, rows, grads, 1, n, queries, d, grad_k, d, p.scale, true);  // dK += dS^T Q / sqrt(d)
+  }
+}
+
+void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
+                     double dropout, const at::Tensor& seed) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
+                    "softmax_dropout_attention takes q and k of one shape (batch, heads, n, d) and v (batch, heads, n, c), "
+                    "got ",
+                    q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+                    "softmax_dropout_attention computes in float32; got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+                    v.scalar_type());
+  TORCH_CHECK_VALUE(q.size(2) >= 1 && q.size(3) >= 1 && v.size(3) >= 1, "softmax_dropout_attention needs n, d, c >= 1, got ",
+                    q.sizes(), " and ", v.sizes());
+  if (key_mask.has_value())
+    TORCH_CHECK_VALUE(key_mask->scalar_type() == at::kBool && key_mask->dim() == 2 && key_mask->size(0) == q.size(0) &&
+                          key_mask->size(1) == q.size(2),
+                      "key_mask must be bool (batch, n) = (", q.size(0), ", ", q.size(2), "), got ", key_mask->scalar_type(),
+                      " ", key_mask->sizes());
+  TORCH_CHECK_VALUE(dropout >= 0.0 && dropout < 1.0, "dropout must be in [0, 1), got ", dropout);
+  TORCH_CHECK_VALUE(seed.numel() == 1 && seed.scalar_type() == at::kLong, "seed must be one int64, got ", seed.scalar_type(),
+                    " ", seed.sizes());
+}
+
+Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
+                     double dropout, const at::Tensor& seed) {
+  Problem p;
+  p.head_rows = q.size(0) * q.size(1);
+  p.heads = q.size(1);
+  p.n = q.size(2);
+  p.dim = q.size(3);
+  p.value_dim = v.size(3);
+  p.q = q.data_ptr<float>();
+  p.k = k.data_ptr<float>();
+  p.v = v.data_ptr<float>();
+  p.key_mask = key_mask.has_value() ? key_mask->data_ptr<bool>() : nullptr;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
+  p.seed = static_cast<uint64_t>(seed.item<int64_t>());
+  p.threshold = drop_threshold(dropout);
+  p.keep_scale = static_cast<float>(1.0 / (1.0 - dropout));
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> softmax_dropout_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                 const at::Tensor& v_in,
+                                                                 const c10::optional<at::Tensor>& key_mask_in,
+                                                                 double dropout, const at::Tensor& seed) {
+  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const c10::optional<at::Tensor> key_mask =
+      key_mask_in.has_value() ? c10::optional<at::Tensor>(key_mask_in->contiguous()) : c10::nullopt;
+  const Problem p = make_problem(q, k, v, key_mask, dropout, seed);
+  at::Tensor out = at::empty(v.sizes(), v.options());
+  at::Tensor lse = at::empty(q.sizes().slice(0, 3), q.options());
+  float* out_data = out.data_ptr<float>();
+  float* lse_data = lse.data_ptr<float>();
+  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(p);
+    for (int64_t head_row = begin; head_row < end; ++head_row) forward_head_row(p, head_row, scratch, out_data, lse_data);
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_dropout_attention_backward_cpu(
+    const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const c10::optional<at::Tensor>& key_mask_in, const at::Tensor& out_in, const at::Tensor& lse_in, double dropout,
+    const at::Tensor& seed) {
+  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed);
+  TORCH_CHECK_VALUE(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes() &&
+                        lse_in.sizes() == q_in.sizes().slice(0, 3),
+                    "grad_out and out must have v's shape and lse (batch, heads, n)");
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor grad_out = grad_out_in.to(at::kFloat).contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
+  const c10::optional<at::Tensor> key_mask =
+      key_mask_in.has_value() ? c10::optional<at::Tensor>(key_mask_in->contiguous()) : c10::nullopt;
+  const Problem p = make_problem(q, k, v, key_mask, dropout, seed);
+  at::Tensor grad_q = at::empty_like(q), grad_k = at::empty_like(k), grad_v = at::empty_like(v);
+  const Gradients g{grad_out.data_ptr<float>(), out.data_ptr<float>(), lse.data_ptr<float>(),
+                    grad_q.data_ptr<float>(),   grad_k.data_ptr<float>(), grad_v.data_ptr<float>()};
+  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(p);
+    for (int64_t head_row = begin; head_row < end; ++head_row) backward_head_row(p, g, head_row, scratch);
+  });
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(yoso, m) {
+  m.def(
+      "softmax_dropout_attention(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float dropout, Tensor seed) -> (Tensor, "
+      "Tensor)");
+  m.def(
+      "softmax_dropout_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? key_mask, Tensor out, "
+      "Tensor lse, float dropout, Tensor seed) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(yoso, CPU, m) {
+  m.impl("softmax_dropout_attention", &softmax_dropout_attention_cpu);
+  m.impl("softmax_dropout_attention_backward", &softmax_dropout_attention_backward_cpu);
+}
+
+}  // namespace yoso

@@ -1,0 +1,60 @@
+"""Exact softmax attention with dropout on its probabilities, fused on the CPU: ``yoso::softmax_dropout_attention``.
+
+PyTorch's CPU flash-attention kernel has no dropout, so ``scaled_dot_product_attention`` with
+``dropout_p > 0`` runs its math path on a CPU, which materialises the n x n scores, probabilities and
+dropout mask of every head. The compiled op (``csrc/softmax_dropout.cpp``) computes the same function
+block by block of queries with the (n x block) scores of one head at a time, and draws its dropout
+mask from a counter-based hash of (seed, head row, query, key), so the backward regenerates the mask
+instead of storing it: memory linear in n for a fixed block, and the step of the paper's softmax
+ListOps model drops from the math path's 15 s (results/train_cpu.csv).
+
+The mask has the distribution of ``torch.nn.functional.dropout``'s (each pair kept with probability
+1 - p, to within 2^-33, kept probabilities scaled by 1 / (1 - p)) but not its random stream: the seed is
+drawn from torch's global generator, so a seeded run is reproducible, but it does not drop the same
+pairs as SDPA's math path would. :func:`yoso_cuda.reference.softmax_dropout_attention` computes the
+same mask and function densely (the tests' oracle).
+
+As for YOSO's ops, the fake kernels and the gradient are registered here, beside the op, once the CPU
+library is loaded (:func:`yoso_cuda.ops.kernels`), so ``torch.compile`` traces the op whole.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SEED_RANGE = 2**62  # the seed is drawn from [0, 2^62) by torch's global generator
+
+
+def register() -> None:
+    """The fake kernels and the autograd of the two compiled ops (needs the CPU library loaded)."""
+
+    @torch.library.register_fake("yoso::softmax_dropout_attention")
+    def _(q, k, v, key_mask, dropout, seed):
+        return v.new_empty(v.shape), q.new_empty(q.shape[:3])
+
+    @torch.library.register_fake("yoso::softmax_dropout_attention_backward")
+    def _(grad_out, q, k, v, key_mask, out, lse, dropout, seed):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, key_mask, dropout, seed = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, key_mask, out, lse, seed)
+        ctx.dropout = dropout
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, key_mask, out, lse, seed = ctx.saved_tensors
+        grads = torch.ops.yoso.softmax_dropout_attention_backward(grad_out, q, k, v, key_mask, out, lse, ctx.dropout, seed)
+        return (*grads, None, None, None)
+
+    torch.library.register_autograd("yoso::softmax_dropout_attention", backward, setup_context=setup_context)
+
+
+def softmax_dropout_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout: float) -> Tensor:
+    """``(softmax(q k^T / sqrt(d) + mask) * keep / (1 - p)) v``, differentiable, float32 on the CPU.
+
+    ``q, k`` (batch, heads, n, d), ``v`` (batch, heads, n, c), ``key_mask`` (batch, n) bool (True = real
+    key) or None; every sequence needs a real key. A fresh mask seed is drawn from torch's generator."""
+    seed = torch.randint(SEED_RANGE, (1,), dtype=torch.int64)
+    return torch.ops.yoso.softmax_dropout_attention(q, k, v, key_mask, dropout, seed)[0]
