@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
 from . import results
+from .callbacks import steps_per_second
 from .datamodule import LRADataModule
 from .module import LRAClassificationModule, LRAMaskedLMModule, load_pretrained_encoder
 
@@ -160,6 +161,7 @@ def fit_and_test(
         "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
         "num_parameters": sum(p.numel() for p in module.parameters()),
         "steps": steps,
+        "steps_per_second": steps_per_second(callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
         "processes": world_size,
         "best_val_acc": float(checkpoint.best_model_score),
         "best_val_step": checkpoint_step(Path(checkpoint.best_model_path)),

@@ -1,12 +1,13 @@
-"""``python -m lra.bench {kernels,efficiency,approx,gpu} [options]``: run one benchmark; each takes ``--help``.
-``gpu`` runs YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`)."""
+"""``python -m lra.bench {kernels,efficiency,train,approx,gpu} [options]``: run one benchmark; each takes ``--help``.
+``train`` times the LRA model's full training step per task and attention (:mod:`lra.bench.train`); ``gpu`` runs
+YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`)."""
 
 import argparse
 import sys
 
-from . import approx, efficiency, gpu, kernels
+from . import approx, efficiency, gpu, kernels, train
 
-BENCHMARKS = {"kernels": kernels, "efficiency": efficiency, "approx": approx, "gpu": gpu}
+BENCHMARKS = {"kernels": kernels, "efficiency": efficiency, "train": train, "approx": approx, "gpu": gpu}
 
 
 def parser() -> argparse.ArgumentParser:

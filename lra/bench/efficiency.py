@@ -124,6 +124,16 @@ def address_space_limit(limit_mb: float | None):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def add_memory_limit_argument(parser: argparse.ArgumentParser) -> None:
+    """``--memory-limit-mb``: what a CPU cell may add under :func:`address_space_limit` (default: 90% of what is available)."""
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=None,
+        help="CPU: memory a cell may add (default: 90%% of what is available at start)",
+    )
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
@@ -313,12 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1, help="the batch on a CPU (a GPU uses the largest that fits)")
     parser.add_argument("--max-batch-tokens", type=int, default=2**20, help="GPU: cap on batch x sequence length")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell, after one warm-up step")
-    parser.add_argument(
-        "--memory-limit-mb",
-        type=float,
-        default=None,
-        help="CPU: memory a cell may add (default: 90%% of what is available at start)",
-    )
+    add_memory_limit_argument(parser)
     parser.add_argument(
         "--out",
         type=Path,

@@ -51,6 +51,7 @@ def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path, run_train):
     assert record["data_source"] == "generated"
     assert record["protocol"]["name"] == "smoke"
     assert record["steps"] == 6 and record["best_val_step"] in (3, 6)
+    assert record["steps_per_second"] > 0  # lra.callbacks.TrainingSpeed: training batches only
     assert record["num_samples"] == {"train": 64, "val": 32, "test": 24}
     for key in ("best_val_acc", "test_acc"):
         assert 0.0 <= record[key] <= 1.0
@@ -173,6 +174,7 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
     for noise in ("litlogger", "LeafSpec", "v_num", "No CUDA runtime", "Seed set"):
         assert noise not in console, noise
     assert "Epoch 1" in console and "test acc" in console
+    assert "train/steps_per_s=" in console  # the progress bar's training rate
     (path,) = results_files(tmp_path)
     train_log = (path.parent / "train.log").read_text()
     assert "Generating ListOps" in train_log and "Prepared listops" in train_log

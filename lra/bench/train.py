@@ -1,0 +1,501 @@
+"""Time, throughput and peak memory of the LRA model's full training step, per task and attention, as ``lra.train`` runs it.
+
+For each option of the ``attention`` config group (the rows of Table 3, :func:`lra.config.attention_rows`) and each
+task's paper model and length (``python -m lra.train task=<task> experiment=paper``'s configuration: the task's
+``conf/task/<task>.yaml`` with ``conf/model/lra.yaml``; ListOps 2048, Text 4096, Retrieval 2 x 4096 (two documents
+of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, each at its protocol's batch, learning
+rate and schedule), or at the lengths ``--seq-len`` gives::
+
+    python -m lra.bench train [--tasks listops text ...] [--attentions none softmax yoso_32 ...] [--seq-len paper 8192 ...]
+        [--steps 3] [--warmup 1] [--precision 32|bf16-mixed] [--compile] [--batch N] [--device cpu|cuda] [--out results]
+
+The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.train``'s module: the
+:class:`~lra.module.LRAClassificationModule` built with the settings ``lra.fit`` gives it, its
+``configure_optimizers()`` (AdamW, OneCycleLR), and per step ``zero_grad``, ``loss_and_predictions`` with the
+training accuracy's update (under bf16 autocast with ``--precision bf16-mixed``, as Lightning's; the attention stays
+in float32 where ``model.attention_in_fp32`` says so), ``backward``, ``optimizer.step`` and ``scheduler.step``. What
+the Trainer adds around it (logging, the progress bar) is not part of it. ``--compile`` compiles the model first with
+:func:`lra.module.compile_model`, as ``trainer.compile=true`` does; the compilation (the call and the first step,
+where ``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
+
+Batches, data loading excluded: one random batch per cell in the shape of the task's batches (``input_ids``, or
+``input_ids_0`` and ``input_ids_1``, and ``label``), already on the device (:func:`random_batch`).
+
+Data loading included: one more line per task, at its first length, with the ``none`` attention (the floor, where
+loading weighs most; the first selected attention when ``none`` is not), whose every step first takes the next batch
+of the task's real :class:`~lra.datamodule.LRADataModule` (``num_workers`` of ``conf/trainer``) and moves it to the
+device, as the Trainer does. It reads the task's data where it is present (official files, or a cache prepared or
+generated before) at the task's own length; otherwise ListOps is generated, small (the steps' batches), in a temporary
+folder, with the generator's lengths scaled to n; any other task's line is recorded as ``skipped``, with the reason.
+Nothing is downloaded.
+
+Time: the median (and standard deviation) of ``--steps`` timed steps, after ``--warmup`` warm-up steps, one untimed
+step for memory and :func:`~lra.bench.measure.time_calls`' own warm-up step, the device synchronised after each;
+samples per second = batch / step time. Memory: the peak of the untimed step above what was in use before the module
+was built (weights, gradients, AdamW's state, activations, temporaries; on a CPU the process's resident set, measured
+apart from the timed steps because the meter slows them, :class:`~lra.bench.measure.MemoryMeter`), under an
+address-space limit on a CPU as ``lra.bench efficiency``. ``ratio_to_none``: a row's step time over the ``none`` row's
+(no token mixing: the step's floor) of the same task and length without data loading.
+
+A cell that runs out of memory or fails is recorded as ``out_of_memory`` or ``failed`` with its error, and the grid
+goes on. Rows go to ``<out>/train_<device type>.csv`` (rewritten after every cell, so an interrupted run keeps what it
+measured) with a figure of step time and memory beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from lra import config
+from lra.bench.efficiency import (
+    Entry,
+    add_memory_limit_argument,
+    address_space_limit,
+    available_memory_mb,
+    entries,
+    is_out_of_memory,
+)
+from lra.bench.measure import MemoryMeter, synchronize, time_calls
+from lra.bench.output import RESULTS, write_csv
+from lra.data import cache
+from lra.data.tasks import get_spec, resolve
+from lra.datamodule import LRADataModule
+from lra.module import LRAClassificationModule
+from lra.results import device_name
+
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+PAPER = "paper"  # --seq-len's word for a task's own length
+FLOOR = "none"  # the row without token mixing: the ratios' denominator
+PROTOCOL_SETTINGS = ("lr", "warmup_steps", "max_steps", "weight_decay")  # what lra.fit gives the module of task.protocol
+# Black pixels (id 0) are padding where task.data.pixel_zero_is_padding. Pathfinder's images are mostly black
+# background: 47-61%, 54% on average, in 200 images of lra.data.pathfinder_generator with LRA's parameters (seed 0).
+# CIFAR-10's grey levels are drawn uniformly, so 1 pixel in 256 is black.
+BLACK_PIXEL_SHARE = {"pathfinder": 0.54}
+PIXEL_LEVELS = 256
+FIELDS = [
+    "task",
+    "seq_len",
+    "inputs",
+    "attention",
+    "attention_name",
+    "data_loading",
+    "data_source",
+    "batch",
+    "padding",
+    "step_ms",
+    "step_ms_std",
+    "samples_per_s",
+    "ratio_to_none",
+    "memory_mb",
+    "compiled",
+    "compile_s",
+    "status",
+    "error",
+    "device",
+    "threads",
+    "torch",
+    "precision",
+    "steps",
+    "warmup",
+]
+
+
+class Unavailable(Exception):
+    """The data a data-loading line needs is not here (and is not cheap to make)."""
+
+
+def task_config(task: str, device: torch.device) -> DictConfig:
+    """The configuration of ``python -m lra.train task=<task> experiment=paper`` with the device's trainer."""
+    return config.compose([f"task={task}", "experiment=paper", f"trainer={'gpu' if device.type == 'cuda' else 'cpu'}"])
+
+
+def scaled(tokens: int, seq_len: int, task: DictConfig) -> int:
+    """A length of ``task`` at its own ``seq_len``, in proportion at ``seq_len``: at least 1."""
+    return max(1, round(tokens * seq_len / task.seq_len))
+
+
+def random_batch(cfg: DictConfig, seq_len: int, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random tokens in the shape of the task's batches at ``seq_len``, with the task's padding (id 0).
+
+    Text-like tasks: tokens uniform over the vocabulary's real ids, each input's real length uniform between the
+    task's bounds scaled to ``seq_len`` (ListOps: its generator's, 501..1999 of 2048; Text and Retrieval, whose
+    lengths only their data knows: 1..``data.max_length``, 4000 of 4096), zeros after it. Pixel tasks:
+    grey levels uniform, black with :data:`BLACK_PIXEL_SHARE` (padding where ``pixel_zero_is_padding``; with
+    ``false`` every pixel is shifted to id + 1 and nothing is padded). Labels uniform over the classes.
+    """
+    task = cfg.task
+    spec = get_spec(task.name)
+    shape = (batch, seq_len)
+    inputs = {}
+    for name in spec.inputs:
+        if spec.pixels:
+            tokens = torch.randint(1, PIXEL_LEVELS, shape, generator=generator)
+            black = torch.rand(shape, generator=generator) < BLACK_PIXEL_SHARE.get(task.name, 1 / PIXEL_LEVELS)
+            tokens = tokens.masked_fill(black, 0) + spec.token_offset(task.data)
+        else:
+            generated = task.data.get("generator")
+            shortest, longest = (generated.min_length + 1, generated.max_length - 1) if generated else (1, task.data.max_length)
+            low, high = scaled(shortest, seq_len, task), min(seq_len, scaled(longest, seq_len, task))
+            lengths = torch.randint(low, high + 1, (batch, 1), generator=generator)
+            tokens = torch.randint(1, spec.vocab_size, shape, generator=generator)
+            tokens = tokens.masked_fill(torch.arange(seq_len) >= lengths, 0)  # (b, n)
+        inputs[name] = tokens
+    return {**inputs, "label": torch.randint(0, spec.num_classes, (batch,), generator=generator)}
+
+
+def padding_share(batch: dict[str, torch.Tensor]) -> float:
+    """The share of padded positions (id 0) over a batch's token arrays."""
+    tokens = [value for name, value in batch.items() if name != "label"]
+    return sum(int((ids == 0).sum()) for ids in tokens) / sum(ids.numel() for ids in tokens)
+
+
+def build_module(cfg: DictConfig, entry: Entry, seq_len: int) -> LRAClassificationModule:
+    """The module ``lra.fit`` trains for ``cfg`` with ``entry``'s attention, at ``seq_len``."""
+    protocol = cfg.task.protocol
+    return LRAClassificationModule(
+        task=cfg.task.name,
+        seq_len=seq_len,
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention={"name": entry.name, "hparams": entry.hparams},
+        **{key: protocol[key] for key in PROTOCOL_SETTINGS},
+    )
+
+
+class TrainingStep:
+    """One optimisation step of ``module``, as the Trainer takes it in ``lra.train`` (automatic optimisation).
+
+    ``zero_grad``, the training loss of ``loss_and_predictions`` and the training accuracy's update (under bf16
+    autocast for ``bf16-mixed``, as Lightning's precision plugin), ``backward``, the optimiser's step and the
+    schedule's (``interval: step``). The optimiser and schedule are the module's ``configure_optimizers()``.
+    """
+
+    def __init__(self, module: LRAClassificationModule, precision: str) -> None:
+        optimisation = module.configure_optimizers()
+        self.module = module
+        self.optimizer = optimisation["optimizer"]
+        self.scheduler = optimisation["lr_scheduler"]["scheduler"]
+        self.bf16 = precision == "bf16-mixed"
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(self.module.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss, logits, targets = self.module.loss_and_predictions(batch)
+            self.module.train_acc(logits, targets)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss
+
+
+def loading_data(cfg: DictConfig, seq_len: int, batch: int, batches: int, scratch: Path) -> tuple[dict[str, Any], bool]:
+    """``(task.data, made here)``: what a data-loading line reads: the task's own data where present, else a ListOps of
+    ``batches`` batches generated into ``scratch``.
+
+    Raises :class:`Unavailable` with the reason for any other task without data.
+    """
+    task = cfg.task
+    data = OmegaConf.to_container(task.data, resolve=True)
+    if seq_len == task.seq_len:
+        try:
+            resolved = resolve(task.name, data)
+        except FileNotFoundError as error:
+            missing = str(error).splitlines()[0]
+        else:
+            if resolved.kind == "official" or (resolved.folder / cache.MANIFEST).is_file():
+                return data, False
+            missing = f"no {task.name} data at {data['source_dir']}, and none generated at this configuration"
+    else:
+        missing = f"the {task.name} data is {task.seq_len} tokens long, not {seq_len}"
+    if task.name != "listops":
+        raise Unavailable(f"skipped: {missing} (only ListOps is generated here, nothing is downloaded)")
+    generator = dict(data["generator"])
+    shortest, longest = (scaled(generator[key], seq_len, task) for key in ("min_length", "max_length"))
+    generator.update(num_train=batch * batches, num_val=batch, num_test=batch, min_length=shortest, max_length=longest)
+    folders = {"generated_dir": str(scratch / "generated"), "cache_dir": str(scratch / "cache")}
+    return {**data, **folders, "source": "generated", "max_length": longest, "generator": generator}, True
+
+
+def endless(loader) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches, pass after pass, as the Trainer reads them across epochs."""
+    while True:
+        yield from loader
+
+
+@contextmanager
+def loaded_batches(cfg: DictConfig, seq_len: int, batch: int, batches: int, device: torch.device):
+    """``(next_batch, data_source)``: ``next_batch()`` takes the next training batch of the task's LRADataModule
+    (see :func:`loading_data`) and moves it to ``device``."""
+    with tempfile.TemporaryDirectory(prefix="lra-bench-train-") as scratch:
+        data, made_here = loading_data(cfg, seq_len, batch, batches, Path(scratch))
+        datamodule = LRADataModule(cfg.task.name, seq_len, data, batch, num_workers=cfg.num_workers, seed=cfg.seed)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        stream = endless(datamodule.train_dataloader())
+        source = datamodule.task_data.data_source + (f" here ({batches} batches)" if made_here else "")
+        yield (lambda: {name: value.to(device, non_blocking=True) for name, value in next(stream).items()}), source
+
+
+def measure_cell(
+    cfg: DictConfig, entry: Entry, seq_len: int, batch: int, next_batch: Callable[[], dict[str, torch.Tensor]], args
+) -> dict[str, Any]:
+    """Build the module for ``entry`` and time its training step on ``next_batch()``'s batches; the row's measured part."""
+    device = torch.device(args.device)
+    meter = MemoryMeter(device)
+    torch.manual_seed(cfg.seed)
+    module = build_module(cfg, entry, seq_len).to(device).train()
+    step = TrainingStep(module, args.precision)
+    compile_s = ""
+    if args.compile:
+        from lra.module import compile_model  # torch.compile support: only where it is asked for
+
+        start = time.perf_counter()
+        compile_model(module)
+        step(next_batch())  # torch.compile compiles on the first call
+        synchronize(device)
+        compile_s = round(time.perf_counter() - start, 2)
+    for _ in range(args.warmup):
+        step(next_batch())
+    synchronize(device)
+    meter.reset_peak()
+    step(next_batch())  # the memory's run: the CPU's meter slows it
+    synchronize(device)
+    memory = meter.peak_above_baseline()
+    times = time_calls(lambda: step(next_batch()), device, args.steps)
+    step_ms = statistics.median(times)
+    return {
+        "step_ms": round(step_ms, 2),
+        "step_ms_std": round(statistics.stdev(times), 2) if len(times) > 1 else 0.0,
+        "samples_per_s": round(batch / step_ms * 1e3, 3),
+        "memory_mb": round(memory, 1),
+        "compile_s": compile_s,
+    }
+
+
+def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
+    """Measure one row's cell into ``row``: its batches, then :func:`measure_cell`; a failure is recorded, not raised."""
+    device = torch.device(args.device)
+    seq_len, batch = row["seq_len"], row["batch"]
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(address_space_limit(args.memory_limit_mb if device.type == "cpu" else None))
+            if row["data_loading"]:
+                batches = args.warmup + args.steps + 3 + args.compile  # every step of the cell, and padding_share's
+                next_batch, row["data_source"] = stack.enter_context(loaded_batches(cfg, seq_len, batch, batches, device))
+            else:
+                tensors = {
+                    name: value.to(device)
+                    for name, value in random_batch(cfg, seq_len, batch, torch.Generator().manual_seed(cfg.seed)).items()
+                }
+                row["data_source"] = "random"
+                next_batch = itertools.repeat(tensors).__next__  # the same batch every step
+            row["padding"] = round(padding_share(next_batch()), 3)
+            row.update(measure_cell(cfg, entry, seq_len, batch, next_batch, args))
+    except Unavailable as reason:
+        row.update(status="skipped", error=str(reason))
+    except Exception as error:
+        row.update(
+            status="out_of_memory" if is_out_of_memory(error) else "failed",
+            error=f"{type(error).__name__}: {error}".splitlines()[0][:300],
+        )
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Set each measured row's ``ratio_to_none``: its step time over the ``none`` row's of its task and length."""
+    floors = {
+        (row["task"], row["seq_len"]): row["step_ms"]
+        for row in rows
+        if row["attention"] == FLOOR and not row["data_loading"] and row["status"] == "ok"
+    }
+    for row in rows:
+        floor = floors.get((row["task"], row["seq_len"]))
+        row["ratio_to_none"] = round(row["step_ms"] / floor, 3) if floor and row["status"] == "ok" else ""
+
+
+def grid(args, selected: list[Entry]) -> Iterator[tuple[DictConfig, Entry, int, bool]]:
+    """``(task config, attention, n, data loading)`` per cell: each task's lengths with ``none`` first, then its
+    data-loading line at its first length."""
+    ordered = sorted(selected, key=lambda entry: entry.row != FLOOR)
+    for task in args.tasks:
+        cfg = task_config(task, torch.device(args.device))
+        lengths = list(dict.fromkeys(cfg.task.seq_len if n == PAPER else int(n) for n in args.seq_len))
+        for seq_len in lengths:
+            for entry in ordered:
+                yield cfg, entry, seq_len, False
+        yield cfg, ordered[0], lengths[0], True
+
+
+def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
+    device = torch.device(args.device)
+    common = {
+        "device": device_name(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else "",
+        "torch": torch.__version__,
+        "compiled": args.compile,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    path = args.out / f"train_{device.type}.csv"
+    rows: list[dict[str, Any]] = []
+    cells = list(grid(args, selected))
+    progress = tqdm(cells, desc="train", unit="cell", disable=args.quiet)
+    for cfg, entry, seq_len, data_loading in progress:
+        label = f"{cfg.task.name} n={seq_len} {entry.row}" + (" + data loading" if data_loading else "")
+        progress.set_postfix_str(label)
+        bf16 = args.precision == "bf16-mixed"
+        row = {
+            "task": cfg.task.name,
+            "seq_len": seq_len,
+            "inputs": len(get_spec(cfg.task.name).inputs),
+            "attention": entry.row,
+            "attention_name": entry.name,
+            "data_loading": data_loading,
+            "data_source": "",
+            "batch": args.batch or cfg.task.protocol.batch_size,
+            "padding": "",
+            "step_ms": "",
+            "step_ms_std": "",
+            "samples_per_s": "",
+            "memory_mb": "",
+            "compile_s": "",
+            "status": "ok",
+            "error": "",
+            "precision": "bf16 autocast (attention in float32)" if bf16 and cfg.model.attention_in_fp32 else args.precision,
+            **common,
+        }
+        run_cell(row, cfg, entry, args)
+        rows.append(row)
+        add_ratios(rows)
+        if not args.quiet:
+            progress.write(
+                f"{label:<44} batch={row['batch']:<4} {row['step_ms']!s:>10} ms/step {row['samples_per_s']!s:>9} samples/s "
+                f"x{row['ratio_to_none']!s:<6} {row['memory_mb']!s:>8} MB {row['status']} {row['error']}"
+            )
+        write_csv(rows, path, FIELDS)
+    threads = f", {common['threads']} threads" if common["threads"] else ""
+    compiled = ", torch.compile" if args.compile else ""
+    title = f"{common['device']}{threads}, torch {common['torch']}, precision {args.precision}{compiled}"
+    plot(rows, path.with_suffix(".png"), title)
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """One pair of panels per task and length: step time (with the ratio to ``none``) and peak memory per line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((row["task"], row["seq_len"]) for row in rows))
+    heights = [sum(1 for row in rows if (row["task"], row["seq_len"]) == group) for group in groups]
+    figure, axes = plt.subplots(
+        len(groups), 2, figsize=(13, 1.2 + 0.28 * sum(heights) + 0.6 * len(groups)), squeeze=False, height_ratios=heights
+    )
+    for (task, seq_len), (time_axis, memory_axis) in zip(groups, axes, strict=True):
+        lines = [row for row in rows if (row["task"], row["seq_len"]) == (task, seq_len)]
+        labels = [row["attention"] + (" + data loading" if row["data_loading"] else "") for row in lines]
+        measured = [row["status"] == "ok" for row in lines]
+        times = [row["step_ms"] / 1e3 if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]
+        memory = [row["memory_mb"] if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]
+        colors = ["tab:gray" if row["attention"] == FLOOR else "tab:blue" for row in lines]
+        time_axis.barh(labels, times, color=colors)
+        memory_axis.barh(labels, memory, color=colors)
+        for index, (row, ok) in enumerate(zip(lines, measured, strict=True)):
+            note = f" x{row['ratio_to_none']}" if ok and row["ratio_to_none"] != "" else ("" if ok else f" {row['status']}")
+            time_axis.text(times[index], index, note, va="center", fontsize=7)
+        batch = lines[0]["batch"]
+        time_axis.set(xlabel="training step (s)", title=f"{task}, n = {seq_len}, batch {batch}")
+        memory_axis.set(xlabel="peak memory (MB)", title=f"{task}, n = {seq_len}, batch {batch}")
+        for axis in (time_axis, memory_axis):
+            axis.invert_yaxis()
+            axis.tick_params(labelsize=7)
+            axis.grid(True, axis="x", alpha=0.3)
+    figure.suptitle(f"Full training step (forward, backward, AdamW, schedule), the LRA model\n{title}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def sequence_length(value: str) -> str:
+    """``paper`` or a positive integer (kept as text; the grid resolves ``paper`` per task)."""
+    if value != PAPER and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"a sequence length is '{PAPER}' (the task's own) or a positive integer, got {value!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lra.bench train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="tasks to run (default: all five)")
+    parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
+    parser.add_argument(
+        "--seq-len",
+        nargs="+",
+        type=sequence_length,
+        default=[PAPER],
+        help=f"lengths per task: '{PAPER}' (the task's own, the default) and/or any n, e.g. --seq-len {PAPER} 8192",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per cell (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps before them (default 1)")
+    parser.add_argument("--batch", type=int, default=None, help="the batch of every task (default: each task's protocol)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when a GPU is present)",
+    )
+    parser.add_argument(
+        "--precision", choices=["32", "bf16-mixed"], default=None, help="default: bf16-mixed on a GPU, 32 on a CPU (conf/trainer)"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model first (lra.module.compile_model)")
+    add_memory_limit_argument(parser)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="folder for train_<device>.csv and .png (default: results/ here)"
+    )
+    parser.add_argument("--list", action="store_true", help="print the attentions and the tasks' settings and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rows = set(config.attention_rows())
+    selected = [entry for entry in entries() if entry.row in rows]
+    if args.list:
+        for entry in selected:
+            print(f"{entry.row:<16} {entry.name:<14} {entry.hparams}")
+        for task in TASKS:
+            cfg = task_config(task, torch.device(args.device))
+            documents = " x 2 documents" if get_spec(task).dual_encoder else ""
+            print(f"{task:<16} n={cfg.task.seq_len}{documents}, batch {cfg.task.protocol.batch_size}")
+        return 0
+    if args.attentions:
+        unknown = sorted(set(args.attentions) - rows)
+        if unknown:
+            parser.error(f"unknown attention(s) {unknown}; available: {', '.join(sorted(rows))}")
+        selected = [entry for entry in selected if entry.row in args.attentions]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
+    if args.steps < 1 or args.warmup < 0 or (args.batch is not None and args.batch < 1):
+        parser.error("--steps and --batch must be >= 1, --warmup >= 0")
+    args.precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32")
+    if device.type == "cpu" and args.memory_limit_mb is None:
+        args.memory_limit_mb = 0.9 * available_memory_mb()
+    print(f"torch {torch.__version__} on {device_name(device)}, precision {args.precision}, tasks {', '.join(args.tasks)}")
+    run_grid(args, selected)
+    return 0

@@ -1,0 +1,64 @@
+"""Lightning callbacks of ``python -m lra.train`` (``conf/callbacks``) that are this harness's own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback
+
+
+class TrainingSpeed(Callback):
+    """Training steps per second of this process, in the progress bar (``train/steps_per_s``) and in ``results.json``.
+
+    The time counted is that of the training batches: from the end of one training batch to the end of the next,
+    so each step's batch loading counts, or from the batch's start where the previous batch is not the one just
+    before (the first batch of the process, of an epoch, the first after an evaluation), so validation, testing,
+    the evaluation's checkpoint and the start-up never do. On a GPU each batch's end waits for the device
+    (``synchronize``), so that the rate is the device's, not the rate at which work is queued. Only this process's
+    steps count: after a resume the rate is that of the resumed part, never mixed with the interrupted one's.
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.seconds = 0.0
+        self._since: float | None = None  # where the current batch's time starts
+        self._previous_end: float | None = None  # the end of the training batch just before, if nothing came between
+
+    @property
+    def steps_per_second(self) -> float | None:
+        """The rate so far; None before the first timed step."""
+        return self.steps / self.seconds if self.seconds > 0 else None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._since = self._previous_end if self._previous_end is not None else time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        end = time.perf_counter()
+        if self._since is not None:
+            self.steps += 1
+            self.seconds += end - self._since
+        self._previous_end = end
+        if self.steps_per_second is not None:
+            pl_module.log("train/steps_per_s", self.steps_per_second, prog_bar=True, logger=False)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._previous_end = None  # the next training batch's time starts at its own start
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._previous_end = None  # the next epoch's first batch waits for a new loader
+
+
+def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
+    """The training rate a run's :class:`TrainingSpeed` measured (rounded), None if it has none or took no step."""
+    for callback in callbacks:
+        if isinstance(callback, TrainingSpeed) and callback.steps_per_second is not None:
+            return round(callback.steps_per_second, 4)
+    return None
