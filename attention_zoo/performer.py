@@ -168,10 +168,20 @@ class PerformerAttention(Attention):
     def attend(self, q, k, v, mask):
         interval = self.config.redraw_interval
         if self.training and interval is not None:
-            if self.calls_since_redraw >= interval:
-                self.redraw_features()
-            self.calls_since_redraw += 1
+            # torch.compile specialises a graph on the counter's value: at interval 1 there are two
+            # (the first call's and every later one's), above it one per call of the interval, so
+            # there the count and the draw run outside the graph (a graph break) instead.
+            if interval == 1 or not torch.compiler.is_compiling():
+                self.count_training_call()
+            else:
+                _count_training_call_outside_the_graph(self)
         return self.favor(q, k, v, mask)
+
+    def count_training_call(self) -> None:
+        """Count one training call, first drawing new features if the current ones have served ``redraw_interval``."""
+        if self.calls_since_redraw >= self.config.redraw_interval:
+            self.redraw_features()
+        self.calls_since_redraw += 1
 
     def favor(self, q, k, v, mask):
         """FAVOR+ on (b, h, n, d) inputs (float32: :meth:`Attention.forward` casts them); padded keys never contribute."""
@@ -187,6 +197,9 @@ class PerformerAttention(Attention):
         denominator = phi_q @ key_sum  # (b, h, n, 1)
         denominator = denominator + 2 * eps * (denominator.abs() <= eps)  # the authors' guard against 0 / 0
         return numerator / denominator
+
+
+_count_training_call_outside_the_graph = torch.compiler.disable(PerformerAttention.count_training_call)
 
 
 register_preset(

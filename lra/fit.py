@@ -24,7 +24,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from . import results
 from .callbacks import steps_per_second
 from .datamodule import LRADataModule
-from .module import LRAClassificationModule, LRAMaskedLMModule, load_pretrained_encoder
+from .module import LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model, load_pretrained_encoder
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -86,6 +86,12 @@ def fit_and_test(
     classifier; ``init_from`` is a pretraining checkpoint the classifier's encoder starts from.
     """
     protocol = cfg.task.protocol
+    # trainer.compile is the harness's (lra.module.compile_model), not a Trainer argument.
+    compile_with = compile_backend(cfg.trainer.get("compile", False))
+    trainer_args = {key: value for key, value in cfg.trainer.items() if key != "compile"}
+    if compile_with is not None:
+        # Fit's evaluations run under no_grad; testing under inference_mode would compile the model once more.
+        trainer_args.setdefault("inference_mode", False)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = LRADataModule(
         task=cfg.task.name,
@@ -111,12 +117,14 @@ def fit_and_test(
         module = LRAClassificationModule(**settings)
         if init_from is not None:
             load_pretrained_encoder(module, init_from)
+    if compile_with is not None:
+        compile_model(module, compile_with)
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
     resume = {"resume_step": checkpoint_step(resume_from)} if resume_from and "resume_step" in cfg.logger else {}
     logger = instantiate(cfg.logger, "the logger", **resume)
     trainer = pl.Trainer(
-        **cfg.trainer,
+        **trainer_args,
         max_steps=protocol.max_steps,
         val_check_interval=protocol.val_check_interval,
         check_val_every_n_epoch=None,
@@ -150,6 +158,7 @@ def fit_and_test(
             precision=cfg.trainer.precision,
             logger=False,
             enable_progress_bar=cfg.trainer.enable_progress_bar,
+            inference_mode=trainer_args.get("inference_mode", True),
         )
     with without_known_warnings():
         test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
@@ -172,4 +181,6 @@ def fit_and_test(
         "peak_memory_kind": peak_memory_kind,
         "device": results.device_name(device),
         "precision": str(cfg.trainer.precision),
+        "compiled": compile_with is not None,
+        "compile_backend": compile_with,
     }

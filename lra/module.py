@@ -4,6 +4,9 @@ A module saves the settings that define its model (task, sequence length, model 
 configs) as hyperparameters, so ``LRAClassificationModule.load_from_checkpoint(path)`` rebuilds the
 classifier from a checkpoint alone. :class:`LRAModule` holds what every objective over the LRA
 encoder shares (those settings and the optimisation); a new objective subclasses it.
+
+:func:`compile_model` compiles a module's model with ``torch.compile`` in place (``trainer.compile``),
+so its parameters and checkpoints keep their names.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .model import AttentionConfig, ModelConfig, build_classifier, build_encoder
 IGNORED = -100  # the label of a position the masked-prediction loss does not count (cross_entropy's ignore_index)
 # The settings a pretrained encoder must share with the model it starts.
 MODEL_DEFINING = ("task", "seq_len", "model", "attention")
+DEFAULT_COMPILE_BACKEND = "inductor"  # what trainer.compile=true compiles with
 
 
 class LRAModule(pl.LightningModule):
@@ -87,6 +91,10 @@ class LRAModule(pl.LightningModule):
         """The objective: ``(loss, logits, targets)`` of a batch, logits and targets as the accuracy reads them."""
         raise NotImplementedError
 
+    def network(self) -> nn.Module:
+        """The module whose call is the model's forward pass (what :func:`compile_model` compiles): this one's ``forward``."""
+        return self
+
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         loss, logits, targets = self.loss_and_predictions(batch)
         accuracy = getattr(self, f"{stage}_acc")
@@ -118,10 +126,47 @@ class LRAClassificationModule(LRAModule):
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
         return self.model(**inputs)
 
+    def network(self) -> nn.Module:
+        return self.model
+
     def loss_and_predictions(self, batch):
         # Every key but the label is a model input: input_ids, or input_ids_0 and input_ids_1.
         logits = self(**{name: value for name, value in batch.items() if name != "label"})  # (b, classes)
         return F.cross_entropy(logits.float(), batch["label"]), logits, batch["label"]
+
+
+def compile_backend(setting: bool | str) -> str | None:
+    """The ``torch.compile`` backend that a ``trainer.compile`` setting asks for, None for no compilation.
+
+    ``true`` is :data:`DEFAULT_COMPILE_BACKEND`; a string names a backend (``aot_eager`` traces and
+    differentiates without generating code: a cheap check that a model compiles).
+    """
+    if isinstance(setting, bool):
+        return DEFAULT_COMPILE_BACKEND if setting else None
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if isinstance(setting, str) and setting in backends:
+        return setting
+    raise ValueError(
+        f"trainer.compile must be true (torch.compile with {DEFAULT_COMPILE_BACKEND}), false, or the name of a "
+        f"torch.compile backend (inductor, aot_eager, eager, ...: torch.compiler.list_backends(exclude_tags=()) "
+        f"lists them); got {setting!r}"
+    )
+
+
+def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND) -> None:
+    """Compile ``module``'s model with ``torch.compile`` in place (``nn.Module.compile``).
+
+    Only the forward pass is compiled: the loss, the metrics and Lightning's loop around it stay
+    eager. The model is compiled where it is, not wrapped, so the state dict and checkpoints keep
+    their keys (no ``_orig_mod.``) and a checkpoint resumes compiled or not. Dynamo compiles one
+    graph for training and one for evaluation (autograd and dropout differ; evaluating under
+    ``torch.inference_mode`` would be one more, so :mod:`lra.fit` then tests under ``no_grad`` as it
+    validates) and, at the test set's last partial batch, once more with a dynamic batch size; padding
+    never recompiles, as batches have the task's fixed length. The batch size is not marked dynamic
+    from the start: every training and validation batch is full (they drop the last partial one), and
+    a static size compiles the better kernels for all of them.
+    """
+    module.network().compile(backend=backend)
 
 
 def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, generator: torch.Generator | None = None):

@@ -1,0 +1,154 @@
+"""``trainer.compile``: the LRA model under ``torch.compile``.
+
+Every registered attention and every row of ``conf/attention`` is traced by Dynamo
+(``torch._dynamo.explain``: tracing only, no code generation, so it is cheap) on a padded batch and
+must give one graph, YOSO's custom ops included; one tiny run through ``python -m lra.train``
+compiles (with ``aot_eager``, which differentiates the graphs without generating code) and must not
+recompile for padding.
+"""
+
+import json
+import re
+
+import pytest
+import torch
+import torch._dynamo
+from omegaconf import OmegaConf, open_dict
+
+import attention_zoo
+from lra import config, results
+from lra.module import LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model
+from lra.train import defining_config
+
+SEQ_LEN, BATCH = 64, 2
+MODEL = {"depth": 1}  # graph breaks are per layer: one shows them all
+
+
+def attention_cases():
+    """Every registered attention with its defaults, and every row of conf/attention that differs from those."""
+    cases = {name: {"name": name, "hparams": {}} for name in attention_zoo.available()}
+    for row in config.attention_rows():
+        attention = OmegaConf.to_container(config.compose([f"attention={row}"]).attention, resolve=True)
+        if attention_zoo.make_config(attention["name"], **attention["hparams"]) != attention_zoo.make_config(attention["name"]):
+            cases[f"attention={row}"] = attention
+    return [pytest.param(attention, id=case) for case, attention in cases.items()]
+
+
+def padded_batch():
+    """Two ListOps-sized rows of token ids, the first right-padded, as the data module gives them."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, 10, (BATCH, SEQ_LEN), generator=generator)
+    input_ids[0, SEQ_LEN // 2 :] = 0
+    return {"input_ids": input_ids, "label": torch.tensor([1, 2])}
+
+
+def custom_ops(explanation):
+    return {
+        str(node.target) for graph in explanation.graphs for node in graph.graph.nodes if str(node.target).startswith("yoso.")
+    }
+
+
+@pytest.mark.parametrize("attention", attention_cases())
+def test_the_model_and_its_loss_trace_into_one_graph(attention):
+    torch.manual_seed(0)
+    module = LRAClassificationModule("listops", SEQ_LEN, MODEL, attention).train()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(lambda batch: module.loss_and_predictions(batch)[0])(padded_batch())
+    reasons = [
+        f"{b.reason.splitlines()[0]} at {b.user_stack[-1].filename}:{b.user_stack[-1].lineno}" for b in explanation.break_reasons
+    ]
+    assert explanation.graph_break_count == 0, reasons
+    hparams = attention_zoo.make_config(attention["name"], **attention["hparams"])
+    if attention["name"] == "yoso" and not hparams.expectation:
+        # YOSO's attention runs inside the graph as its custom op (its fake kernel gives the shapes).
+        assert "yoso.lsh_attention.default" in custom_ops(explanation)
+
+
+def test_the_masked_lm_pretraining_model_traces_into_one_graph():
+    module = LRAMaskedLMModule("listops", SEQ_LEN, MODEL, {"name": "yoso", "hparams": {}}).train()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(module.network())(padded_batch()["input_ids"])
+    assert explanation.graph_break_count == 0
+    assert "yoso.lsh_attention.default" in custom_ops(explanation)
+
+
+def test_compiling_keeps_the_checkpoint_keys_and_loads_a_checkpoint_of_either_kind():
+    attention = {"name": "yoso", "hparams": {}}
+    plain = LRAClassificationModule("listops", SEQ_LEN, MODEL, attention)
+    compiled = LRAClassificationModule("listops", SEQ_LEN, MODEL, attention)
+    compile_model(compiled, "aot_eager")
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    compiled.load_state_dict(plain.state_dict())  # strict, as resuming a run does
+    plain.load_state_dict(compiled.state_dict())
+    masked_lm = LRAMaskedLMModule("listops", SEQ_LEN, MODEL, attention)
+    keys = list(masked_lm.state_dict())
+    compile_model(masked_lm, "aot_eager")
+    assert list(masked_lm.state_dict()) == keys
+
+
+def test_a_performer_redrawing_every_few_calls_does_not_recompile_per_call():
+    """Its call counter is a Python int, which Dynamo would specialise a graph on: one per value."""
+    eager = attention_zoo.build("performer", seq_len=16, num_heads=1, head_dim=8, redraw_interval=3).train()
+    compiled = attention_zoo.build("performer", seq_len=16, num_heads=1, head_dim=8, redraw_interval=3).train()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile(backend="aot_eager")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters["stats"]
+    graphs = []
+    for call in range(8):
+        q, k, v = torch.randn(3, 1, 1, 16, 8).unbind()
+        torch.manual_seed(call)
+        expected = eager(q, k, v)
+        torch.manual_seed(call)
+        torch.testing.assert_close(compiled(q, k, v), expected)  # the same draws at the same calls
+        graphs.append(counters["unique_graphs"])
+    assert graphs == graphs[:1] * 8, graphs  # compiled at the first call, the one before the first redraw too
+    assert compiled.calls_since_redraw == eager.calls_since_redraw == 2
+
+
+def test_the_compile_setting():
+    assert compile_backend(False) is None
+    assert compile_backend(True) == "inductor"
+    assert compile_backend("aot_eager") == "aot_eager"
+    for bad in ("maybe", 1, None):
+        with pytest.raises(ValueError, match=r"trainer.compile must be true .*, false, or the name of a torch.compile backend"):
+            compile_backend(bad)
+
+
+def test_compiling_changes_neither_the_runs_folder_nor_its_identity():
+    def folder_and_hash(*overrides):
+        cfg = config.compose(["task.seq_len=64", *overrides], return_hydra_config=True)
+        folder = cfg.hydra.job.override_dirname
+        with open_dict(cfg):
+            for key in ("hydra", "callbacks", "logger"):  # their paths interpolate the running job's folder
+                del cfg[key]
+        return folder, results.config_hash(defining_config(cfg))
+
+    assert folder_and_hash("trainer.compile=true") == folder_and_hash() == folder_and_hash("trainer.compile=aot_eager")
+    assert folder_and_hash()[0] == "task.seq_len=64"
+
+
+@pytest.mark.slow
+def test_a_compiled_run_compiles_once_per_mode_and_once_for_the_last_partial_batch(tmp_path, run_train):
+    """Six training steps and three evaluations over batches of different padding, and a test set of 24
+    in batches of 16 and 8: one graph for training, one for evaluation (validation and test share it),
+    one for the partial batch (with a dynamic batch size). ``TORCH_LOGS=recompiles`` logs each recompilation."""
+    process = run_train("attention=yoso_32", "trainer.compile=aot_eager", env={"TORCH_LOGS": "recompiles"})
+    log = process.stdout + process.stderr
+    recompiled = re.findall(r"Recompiling function (\w+) in (\S+)", log)
+    # Both recompile the classifier's forward, the one compiled frame (no graph break, so no other).
+    assert [(function, path.rsplit(":", 1)[0].endswith("lra/model.py")) for function, path in recompiled] == [
+        ("forward", True)
+    ] * 2, log[-3000:]
+    reasons = re.findall(r"\[__recompiles\]\s+- \d+/\d+: (.*)", log)
+    assert {reason.strip() for reason in reasons} == {
+        "GLOBAL_STATE changed: grad_mode",
+        "tensor 'input_ids' size mismatch at index 0. expected 16, actual 8",
+    }, reasons
+    (path,) = (tmp_path / "outputs").rglob("results.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["compiled"] is True and record["compile_backend"] == "aot_eager"
+    assert "compile" not in path.parent.name
+    checkpoint = torch.load(record["best_checkpoint"], map_location="cpu", weights_only=False)
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+    LRAClassificationModule.load_from_checkpoint(record["best_checkpoint"])  # strict: the keys of an uncompiled model
