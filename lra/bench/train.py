@@ -39,12 +39,15 @@ address-space limit on a CPU as ``lra.bench efficiency``. ``ratio_to_none``: a r
 
 A cell that runs out of memory or fails is recorded as ``out_of_memory`` or ``failed`` with its error, and the grid
 goes on. Rows go to ``<out>/train_<device type>.csv`` (rewritten after every cell, so an interrupted run keeps what it
-measured) with a figure of step time and memory beside it.
+measured) with a figure of step time and memory beside it. A run replaces the rows of the cells it measures (task,
+length, attention, data loading, precision, compilation) and keeps the file's other rows, so a part of the grid, or
+another precision or ``--compile``, is measured into the same file; ratios are to ``none`` of the same variant.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import statistics
 import tempfile
@@ -110,6 +113,41 @@ FIELDS = [
     "steps",
     "warmup",
 ]
+
+
+# A row's identity: a later run of the same cell replaces it, every other row of the file is kept.
+VARIANT = ("precision", "compiled")
+CELL = ("task", "seq_len", "attention", "data_loading", *VARIANT)
+NUMBERS = ("seq_len", "inputs", "batch", "padding", "step_ms", "step_ms_std", "samples_per_s", "memory_mb", "compile_s")
+
+
+def cell_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(row[field]) for field in CELL)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows an earlier run wrote to ``path`` (none if it does not exist), with their numbers and flags typed."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    for row in rows:
+        for field in NUMBERS:
+            value = row.get(field, "")
+            if value != "":
+                row[field] = int(value) if value.lstrip("-").isdigit() else float(value)
+        for field in ("data_loading", "compiled"):
+            row[field] = row.get(field) == "True"
+    return rows
+
+
+def merge(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Put ``row`` in place of the earlier measurement of its cell, or after the others."""
+    for index, earlier in enumerate(rows):
+        if cell_key(earlier) == cell_key(row):
+            rows[index] = row
+            return
+    rows.append(row)
 
 
 class Unavailable(Exception):
@@ -315,14 +353,19 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Set each measured row's ``ratio_to_none``: its step time over the ``none`` row's of its task and length."""
+    """Set each measured row's ``ratio_to_none``: its step time over the ``none`` row's of its task, length,
+    precision and compilation."""
+
+    def group(row: dict[str, Any]) -> tuple[Any, ...]:
+        return row["task"], row["seq_len"], *(row[field] for field in VARIANT)
+
     floors = {
-        (row["task"], row["seq_len"]): row["step_ms"]
+        group(row): row["step_ms"]
         for row in rows
         if row["attention"] == FLOOR and not row["data_loading"] and row["status"] == "ok"
     }
     for row in rows:
-        floor = floors.get((row["task"], row["seq_len"]))
+        floor = floors.get(group(row))
         row["ratio_to_none"] = round(row["step_ms"] / floor, 3) if floor and row["status"] == "ok" else ""
 
 
@@ -350,7 +393,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
         "warmup": args.warmup,
     }
     path = args.out / f"train_{device.type}.csv"
-    rows: list[dict[str, Any]] = []
+    rows = read_rows(path)  # earlier runs' cells stay, those measured again are replaced
     cells = list(grid(args, selected))
     progress = tqdm(cells, desc="train", unit="cell", disable=args.quiet)
     for cfg, entry, seq_len, data_loading in progress:
@@ -378,7 +421,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             **common,
         }
         run_cell(row, cfg, entry, args)
-        rows.append(row)
+        merge(rows, row)
         add_ratios(rows)
         if not args.quiet:
             progress.write(
@@ -387,11 +430,20 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             )
         write_csv(rows, path, FIELDS)
     threads = f", {common['threads']} threads" if common["threads"] else ""
-    compiled = ", torch.compile" if args.compile else ""
-    title = f"{common['device']}{threads}, torch {common['torch']}, precision {args.precision}{compiled}"
+    title = f"{common['device']}{threads}, torch {common['torch']}"
     plot(rows, path.with_suffix(".png"), title)
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return rows
+
+
+def label(row: dict[str, Any]) -> str:
+    """A row's name in the figure: its attention, and how its step differs from the plain float32 eager one."""
+    notes = [
+        *(["bf16"] if row["precision"] != "32" else []),
+        *(["compiled"] if row["compiled"] else []),
+        *(["+ data loading"] if row["data_loading"] else []),
+    ]
+    return " ".join([row["attention"], *notes])
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -408,7 +460,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     )
     for (task, seq_len), (time_axis, memory_axis) in zip(groups, axes, strict=True):
         lines = [row for row in rows if (row["task"], row["seq_len"]) == (task, seq_len)]
-        labels = [row["attention"] + (" + data loading" if row["data_loading"] else "") for row in lines]
+        labels = [label(row) for row in lines]
         measured = [row["status"] == "ok" for row in lines]
         times = [row["step_ms"] / 1e3 if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]
         memory = [row["memory_mb"] if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]

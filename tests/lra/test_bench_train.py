@@ -58,6 +58,17 @@ def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line
     loading, skipped = rows[2], rows[5]
     assert loading["status"] == "ok" and loading["data_source"].startswith("generated here")
     assert skipped["status"] == "skipped" and skipped["ratio_to_none"] == "" and skipped["step_ms"] == ""
+
+    # A part of the grid in another precision goes into the same file: the earlier rows stay, its ratios are its own.
+    argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "64", "--batch", "2", "--precision", "bf16-mixed"]
+    assert train.main([*argv, "--steps", "1", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    merged = read_rows(out / "train_cpu.csv")
+    assert merged[:6] == rows
+    assert [(r["task"], r["attention"], r["data_loading"], r["precision"]) for r in merged[6:]] == [
+        ("listops", "none", "False", "bf16 autocast (attention in float32)"),
+        ("listops", "none", "True", "bf16 autocast (attention in float32)"),
+    ]
+    assert float(merged[6]["ratio_to_none"]) == 1.0
     assert "retrieval data is 4096 tokens long, not 64" in skipped["error"] and "nothing is downloaded" in skipped["error"]
 
 
