@@ -111,6 +111,12 @@ RULES = [
         append=("--help",),
         why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help",
     ),
+    Rule(
+        r"^python -m lra\.bench train",
+        append=("--tasks", "listops", "--attentions", "none", "yoso_32", "--seq-len", "64", "--batch", "2", "--steps", "1")
+        + ("--warmup", "0", "--quiet", "--out", "bench"),
+        why="two attentions on a small ListOps (the full grid takes an hour)",
+    ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
     Rule(r"^python -m lra\.bench", why="as written"),
     Rule(r"^python -m yoso_cuda$", why="loads the kernels built before the tests (.ci/run builds them)"),
