@@ -1,13 +1,22 @@
-"""Table 3 of the YOSO paper from the runs' records: ``python -m lra.table``.
+"""Table 3 of the YOSO paper from the runs' records, beside the paper's: ``python -m lra.table``.
 
 Reads every ``results.json`` under the output folder (``outputs/``, ``$LRA_OUTPUT_DIR``) and the run
-records committed under ``results/runs/``, and writes ``table3.{md,csv,tex,png}`` into the output
-folder: the user's table, beside the user's runs. ``--collect`` copies the finished local runs into
-``results/runs/`` (one small JSON each, without machine-specific paths), and ``--committed`` (implied
-by ``--collect``) writes ``results/table3.*`` from the committed records alone, so the committed
-table never holds a run that is not committed beside it.
+records committed under ``results/runs/``, and writes ``table3.{md,csv,tex,png}`` and
+``table3_agreement.csv`` into the output folder: the user's table, beside the user's runs.
+``--collect`` copies the finished local runs into ``results/runs/`` (one small JSON each, without
+machine-specific paths), and ``--committed`` (implied by ``--collect``) writes ``results/table3.*``
+from the committed records alone, so the committed table never holds a run that is not committed
+beside it.
 
-Rules:
+What the table shows: one section per protocol (and per setting in which that protocol's runs
+differ), with a row per Table 3 row that has a cell there and, for each of the paper's five tasks,
+our cell beside the paper's number. Under the rows, per task, how the section agrees with the
+paper: Spearman's rank correlation of our row means with the paper's column and, for ListOps, how
+many rows fall on the paper's side of its split (it has every row at about 37% or about 19%). A
+task with no cell in the section keeps its columns (the paper's numbers) and says how to get its
+data. Runs that are not cells (failed runs, rows the paper does not have) are listed once at the end.
+
+Rules (each in one place below):
 
 * A cell pools only runs whose whole configuration is equal but for the seed: task, attention and
   every hyperparameter, model, every protocol field, sequence length, data settings and the data
@@ -20,17 +29,23 @@ Rules:
   written before a setting existed has the value runs had then (``lra.results.ADDED_SETTINGS``).
   Pretraining runs are not cells; the fine-tuning runs that start from them are.
 * Runs that differ otherwise are never averaged: a section is one protocol (its ``name``) with the
-  values of every setting that differs between the protocol's runs of a task (``protocol.max_steps=20``),
+  values of every setting that differs between the protocol's cells of a task (``protocol.max_steps=20``),
   and within a section, runs of one row that still differ (a preset changed, another data source)
-  are separate rows labelled by what differs.
+  are separate rows labelled by what differs. A section exists only where it has cells.
 * A cell shows the mean test accuracy (%) and its standard error: over seeds (std / sqrt(k)) where it
   has k >= 2 seeds, else the binomial standard error of one accuracy on its n test samples,
   sqrt(p (1 - p) / n). The best mean of a task is bold only when it beats the next row by more than
   twice the standard error of their difference.
-* The paper's number and the difference are printed only in sections whose protocol and model are
-  the paper's (``conf/task/<task>.yaml`` and ``conf/model/lra.yaml``, as ``experiment=paper``
-  composes them); other sections say what differs and compare rows with each other only.
-* "Did not finish" names only configurations and seeds with no finished run.
+* The paper's number stands beside every cell whose row is one of the paper's rows as its preset
+  defines it (:func:`paper_number`); it is the paper's full protocol (``conf/task/<task>.yaml`` and
+  ``conf/model/lra.yaml``, as ``experiment=paper`` composes them), marked so in every section that
+  is not, and the difference (ours - paper) is computed only in sections that are.
+* Agreement with the paper (:func:`agreement`) counts only the rows that have the paper's number:
+  Spearman's rho with ties at their average rank, from 3 rows up; the ListOps split at
+  ``LISTOPS_SPLIT`` (28%): a row is on the paper's side when its mean is on the same side of 28% as
+  the paper's number.
+* Failed runs of a configuration and seed with no finished run, and runs of a row that is not in
+  the paper's Table 3 (``lra/paper.py``), are not cells: they are listed once, at the end.
 
 Writing twice from the same records gives the same files.
 """
@@ -41,15 +56,18 @@ import argparse
 import json
 import math
 import os
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import paper
+from .data.tasks import TASKS as TASK_SPECS
 from .results import RESULTS_FILE, with_added_settings
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -57,6 +75,10 @@ TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "
 #: Table 3 of the YOSO paper (ICML 2021): test accuracy (%) per row (our preset names) and task.
 PAPER_TABLE3: dict[str, dict[str, float]] = {row.preset: row.accuracy for row in paper.TABLE3}
 PAPER_LABELS = {row.preset: row.label for row in paper.TABLE3}
+#: The paper's ListOps rows sit at about 37% (they learn the task) or about 19% (they do not): a row is on
+#: the paper's side of this split when its mean is on the same side of it as the paper's number.
+LISTOPS_SPLIT = 28.0
+MIN_RANKED_ROWS = 3  # Spearman's rho only from this many rows up (two rows always give +-1)
 # Paths differ per machine and mean nothing in a committed record.
 MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
 # The parts of a record that configure a run (flattened into the keys a cell must agree on).
@@ -65,6 +87,8 @@ CONFIG_PARTS = ("task", "attention", "attention_hparams", "model", "protocol", "
 ROW_KEYS = ("attention", "attention_hparams.")
 NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
 BEST_MARGIN = 2.0  # "best" only beyond this many standard errors of the difference to the next row
+# A run record's identity, and what makes two of them one cell (with the seed) or one section.
+SAME_RUN = ["setting", "data_source", "seed"]
 
 
 def find_records(folders: Iterable[Path]) -> list[dict[str, Any]]:
@@ -157,7 +181,7 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "config_hash": record["config_hash"],
                 "setting": json.dumps(config, sort_keys=True),
                 # A finished run also says which data it used (source=auto resolves to one of two).
-                "data_source": record.get("data_source", NOT_RECORDED) if finished else None,
+                "data_source": (record.get("data_source") or NOT_RECORDED) if finished else None,
                 "accuracy": 100 * record["test_acc"] if finished else math.nan,
                 "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
                 "model": with_added_settings(record)["model"],
@@ -165,72 +189,135 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             }
         )
     runs = pd.DataFrame(rows)
+    if runs.empty:
+        return runs
+    # A count, whole even beside runs that have none (those are NA, not a float column of 256.0s).
+    runs["num_test"] = pd.to_numeric(runs["num_test"], errors="coerce").astype("Int64")
+    runs["num_test"] = runs["num_test"].where(runs["num_test"] > 0)
     # The same run found twice (outputs/ and results/runs/) is one record.
     return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
 
 
-@dataclass
-class Cell:
-    accuracies: list[float]  # test accuracy (%) per seed
-    seeds: list[int]
-    num_test: list[int]
-    data_sources: list[str]
-    paper: float | None = None  # the paper's number, where the section is the paper's protocol
-
-    @property
-    def mean(self) -> float:
-        return sum(self.accuracies) / len(self.accuracies)
-
-    @property
-    def std(self) -> float:
-        return float(pd.Series(self.accuracies).std()) if len(self.accuracies) > 1 else math.nan
-
-    @property
-    def standard_error(self) -> float:
-        """Over seeds where there are several, else the binomial error of one run's accuracy."""
-        if len(self.accuracies) > 1:
-            return self.std / math.sqrt(len(self.accuracies))
-        p = self.mean / 100
-        return 100 * math.sqrt(p * (1 - p) / self.num_test[0]) if self.num_test[0] else math.nan
-
-    @property
-    def generated(self) -> bool:
-        return "generated" in self.data_sources
+def is_paper_row(row: str) -> bool:
+    """Whether a run's row (its preset, with any command-line change) is a row of the paper's Table 3."""
+    return row.split(" ")[0] in paper.ROWS
 
 
-@dataclass
-class Section:
-    protocol: str
-    differs: tuple[tuple[str, str], ...]  # (key, JSON value) the section's runs share and others of the protocol do not
-    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (row label, task) -> cell
-    rows: list[str] = field(default_factory=list)  # row labels in table order
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    duplicates: list[str] = field(default_factory=list)
-    paper_protocol: bool = False
-    not_paper_because: str = ""
+def paper_number(row: str, task: str) -> float:
+    """The paper's Table 3 number for a row label and task: for one of its rows as the preset defines it
+    (``yoso_32``), not for a changed or split one (``yoso_32 attention.num_hashes=16``); NaN otherwise."""
+    return PAPER_TABLE3.get(row, {}).get(task, math.nan)
 
-    @property
-    def title(self) -> str:
-        return self.protocol + "".join(f", {key}={json.loads(value)}" for key, value in self.differs)
 
-    @property
-    def tasks(self) -> list[str]:
-        present = {task for _, task in self.cells}
-        return [task for task in TASKS if task in present] + sorted(present - set(TASKS))
+def row_order(label: str) -> tuple[int, str]:
+    """Rows in the paper's order, a changed or split row after its preset."""
+    return paper.ROWS.index(label.split(" ")[0]), label
 
-    def average(self, row: str) -> float | None:
-        """The mean over the five tasks, only when every task has a cell (like the paper's Avg)."""
-        cells = [self.cells.get((row, task)) for task in TASKS]
-        return None if any(c is None for c in cells) else sum(c.mean for c in cells) / len(TASKS)
 
-    def best(self, task: str) -> str | None:
-        """The row whose mean beats every other row of ``task`` by more than the noise, if any."""
-        ranked = sorted(((cell.mean, row) for (row, t), cell in self.cells.items() if t == task), reverse=True)
-        if len(ranked) < 2:
-            return None
-        (top, top_row), (second, second_row) = ranked[:2]
-        noise = math.hypot(self.cells[top_row, task].standard_error, self.cells[second_row, task].standard_error)
-        return top_row if top - second > BEST_MARGIN * noise else None
+def row_label(row: str) -> str:
+    base, _, rest = row.partition(" ")
+    return PAPER_LABELS.get(base, base) + (f" {rest}" if rest else "")
+
+
+def configs_of(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's configuration, a column per key (JSON values, sorted); a key a record lacks is NOT_RECORDED."""
+    configs = pd.DataFrame(runs["setting"].map(json.loads).tolist(), index=runs.index)
+    return configs[sorted(configs)].fillna(json.dumps(NOT_RECORDED))
+
+
+def what_differs(configs: pd.DataFrame) -> pd.Series:
+    """Per run, ``key=value, ...`` for each key whose value differs between the runs of ``configs``; "" where none does."""
+    differing = configs.loc[:, configs.nunique() > 1]
+    if differing.columns.empty:
+        return pd.Series("", index=configs.index)
+    return differing.apply(lambda run: ", ".join(f"{key}={json.loads(value)}" for key, value in run.items()), axis=1)
+
+
+def section_titles(runs: pd.DataFrame) -> pd.Series:
+    """A run's section: its protocol and each setting that differs between the protocol's runs of its task, the row's aside."""
+    configs = configs_of(runs)
+    configs = configs[[key for key in configs if not key.startswith(ROW_KEYS)]]
+    differs = pd.Series("", index=runs.index)
+    for _, group in configs.groupby([runs["protocol"], runs["task"]]):
+        differs[group.index] = what_differs(group)
+    return runs["protocol"] + differs.map(lambda text: f", {text}" if text else "")
+
+
+def row_labels(runs: pd.DataFrame) -> pd.Series:
+    """A run's row in its section: the row, or where runs of one row and task still differ there (a changed preset,
+    another data source), the row with what differs: ``yoso_32 (attention_hparams.num_hashes=16)``."""
+    configs = configs_of(runs).assign(data_source=runs["data_source"].map(json.dumps))
+    configs = configs[sorted(configs)]
+    labels = runs["row"].copy()
+    for _, group in configs.groupby([runs["section"], runs["row"], runs["task"]]):
+        differs = what_differs(group)
+        labels[group.index] = labels[group.index] + differs.map(lambda text: f" ({text})" if text else "")
+    return labels
+
+
+def best_rows(cells: pd.DataFrame) -> pd.Series:
+    """True for the row of a section and task whose mean beats the next row's by more than BEST_MARGIN standard
+    errors of their difference (so at most one per task, and none among rows within the noise)."""
+    ranked = cells.sort_values("mean", ascending=False, kind="stable")
+    by_task = ranked.groupby(level=["section", "task"])
+    runner_up = by_task[["mean", "standard_error"]].shift(-1)
+    noise = np.hypot(ranked["standard_error"], runner_up["standard_error"])
+    best = (by_task.cumcount() == 0) & (ranked["mean"] - runner_up["mean"] > BEST_MARGIN * noise)
+    return best.reindex(cells.index)
+
+
+def on_papers_side(cells: pd.DataFrame) -> pd.Series:
+    """For a ListOps cell with the paper's number: whether its mean is on the same side of LISTOPS_SPLIT as the paper's."""
+    listops = (cells.index.get_level_values("task") == "listops") & cells["paper"].notna()
+    side = (cells["mean"] >= LISTOPS_SPLIT) == (cells["paper"] >= LISTOPS_SPLIT)
+    return side.astype("boolean").where(listops)
+
+
+def cell_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell, indexed by (section, row label, task): the runs pooled, their mean, standard error,
+    the paper's number, whether the cell is its task's best and (ListOps) on the paper's side."""
+    by_cell = runs.sort_values("seed", kind="stable").groupby(["section", "label", "task"])
+    cells = by_cell.agg(
+        accuracies=("accuracy", list),
+        seeds=("seed", list),
+        num_test=("num_test", list),
+        data_source=("data_source", lambda sources: "+".join(sorted(set(sources)))),
+        num_seeds=("seed", "size"),
+        mean=("accuracy", "mean"),
+        std=("accuracy", "std"),
+    )
+    p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
+    binomial = 100 * np.sqrt(p * (1 - p) / n)
+    cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, binomial)
+    cells["generated"] = cells["data_source"].str.contains("generated")
+    labels, tasks = cells.index.get_level_values("label"), cells.index.get_level_values("task")
+    cells["paper"] = [paper_number(label, task) for label, task in zip(labels, tasks)]
+    cells["best"] = best_rows(cells)
+    cells["papers_side"] = on_papers_side(cells)
+    return cells
+
+
+def spearman(ours: pd.Series, papers: pd.Series) -> float:
+    """Spearman's rank correlation: Pearson's of the ranks, ties at their average rank (scipy's definition, without
+    scipy); NaN below MIN_RANKED_ROWS rows, or where one side's values are all equal."""
+    if len(ours) < MIN_RANKED_ROWS:
+        return math.nan
+    with np.errstate(all="ignore"):
+        return float(ours.rank().corr(papers.rank()))
+
+
+def agreement(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per task of one section's cells, over its rows with the paper's number: how many rows, Spearman's rho of our
+    means with the paper's and, for ListOps, how many rows are on the paper's side of its split."""
+    compared = cells[cells["paper"].notna()]
+    columns = ["rows", "on_papers_side", "spearman"]
+    if compared.empty:
+        return pd.DataFrame(columns=columns, index=pd.Index([], name="task"))
+    by_task = compared.groupby(level="task")
+    result = by_task.agg(rows=("paper", "size"), on_papers_side=("papers_side", "sum")).astype("Int64")
+    result["on_papers_side"] = result["on_papers_side"].where(result.index == "listops")
+    result["spearman"] = by_task.apply(lambda task: spearman(task["mean"], task["paper"]))
+    return result[columns]
 
 
 @cache
@@ -248,300 +335,432 @@ def paper_setup(task: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     return OmegaConf.to_container(cfg.task.protocol), OmegaConf.to_container(cfg.model)
 
 
-def row_order(label: str) -> tuple[int, str]:
-    base = label.split(" ")[0]
-    return (paper.ROWS.index(base) if base in paper.ROWS else len(paper.ROWS), label)
+def not_paper_because(runs: pd.DataFrame) -> str:
+    """What in one section's runs differs from the paper's protocol and model; "" where nothing does."""
+    protocol = runs["protocol"].iloc[0]
+    if protocol != "paper":
+        return f"protocol.name={protocol}"
+    differ = set()
+    for task, fields, model in zip(runs["task"], runs["protocol_fields"], runs["model"]):
+        setup = paper_setup(task)
+        if setup is None:
+            differ.add(f"task={task} (no paper protocol)")
+            continue
+        differ |= {f"protocol.{key}" for key, value in setup[0].items() if (fields or {}).get(key) != value}
+        differ |= {f"model.{key}" for key, value in setup[1].items() if (model or {}).get(key) != value}
+    return ", ".join(sorted(differ))
 
 
-def build_sections(records: list[dict[str, Any]]) -> list[Section]:
+@dataclass
+class Section:
+    """One protocol with the settings its cells share (the title), and its cells; it exists only with cells."""
+
+    title: str
+    protocol: str
+    not_paper_because: str  # what differs from the paper's protocol and model; "" where nothing does
+    cells: pd.DataFrame  # indexed by (row label, task); the columns of cell_frame
+    duplicates: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.cells.empty:
+            raise ValueError(f"section {self.title!r} has no cells")
+        self.agreement = agreement(self.cells)
+
+    @property
+    def paper_protocol(self) -> bool:
+        return not self.not_paper_because
+
+    @property
+    def rows(self) -> list[str]:
+        return sorted(self.cells.index.unique("label"), key=row_order)
+
+    @property
+    def tasks(self) -> list[str]:
+        """The paper's five tasks, cells or not, then any other task with cells."""
+        return [*TASKS, *sorted(set(self.cells.index.unique("task")) - set(TASKS))]
+
+    def in_order(self) -> pd.DataFrame:
+        """The cells in the table's order: by row, then by task."""
+        positions = {"label": self.rows, "task": self.tasks}
+        return self.cells.sort_index(key=lambda level: level.map(positions[level.name].index))
+
+    def cell(self, row: str, task: str) -> pd.Series | None:
+        return self.cells.loc[row, task] if (row, task) in self.cells.index else None
+
+    def has_cells(self, task: str) -> bool:
+        return task in self.cells.index.unique("task")
+
+    def best(self, task: str) -> str | None:
+        return next((row for row, of in self.cells.index[self.cells["best"]] if of == task), None)
+
+    def average(self, row: str) -> float | None:
+        """The mean over the five tasks, only when every task has a cell (like the paper's Avg)."""
+        cells = [self.cell(row, task) for task in TASKS]
+        return None if any(c is None for c in cells) else sum(c["mean"] for c in cells) / len(TASKS)
+
+
+@dataclass
+class Table:
+    sections: list[Section]
+    left_out: pd.DataFrame  # runs that are not cells: task, row, seed, protocol, config_hash, why
+
+
+def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame) -> pd.DataFrame:
+    """Runs that are not cells, each once: the latest record of a configuration and seed with no finished run, and
+    the counted runs of rows the paper's Table 3 does not have."""
+    done = pd.MultiIndex.from_frame(runs.loc[runs["status"] == "finished", ["setting", "seed"]])
+    failed = runs[runs["status"] != "finished"].sort_values("finished_at", kind="stable")
+    failed = failed.drop_duplicates(["setting", "seed"], keep="last")
+    failed = failed[~pd.MultiIndex.from_frame(failed[["setting", "seed"]]).isin(done)]
+    failed = failed.assign(why=[f"{status}: {error or status}" for status, error in zip(failed["status"], failed["error"])])
+    unknown = unknown.assign(
+        why=[
+            f"finished at {accuracy:.2f}%, but {row.split(' ')[0]} is not a row of the paper's Table 3 (lra/paper.py)"
+            for accuracy, row in zip(unknown["accuracy"], unknown["row"])
+        ]
+    )
+    left_out = pd.concat([failed, unknown])[["task", "row", "seed", "protocol", "config_hash", "why"]]
+    left_out["why"] = left_out["why"].map(lambda why: why.splitlines()[0][:200])
+    return left_out.sort_values(["task", "row", "seed", "protocol", "config_hash"]).reset_index(drop=True)
+
+
+def build(records: list[dict[str, Any]]) -> Table:
+    """The table of ``records``: its sections of cells, and the runs that are not cells."""
     runs = frame(records)
     if runs.empty:
-        return []
-    config = runs["setting"].map(json.loads)
-    finished = runs[runs["status"] == "finished"]
-    # Keys whose values differ between a protocol's runs of one task, the row's own keys aside.
-    differs: dict[tuple[str, str], list[str]] = {}
-    for (protocol, task), group in runs.groupby(["protocol", "task"]):
-        keys = sorted({key for c in config[group.index] for key in c})
-        differs[protocol, task] = [
-            key
-            for key in keys
-            if not key.startswith(ROW_KEYS) and len({c.get(key, json.dumps(NOT_RECORDED)) for c in config[group.index]}) > 1
-        ]
-
-    def section_key(index: int) -> tuple[str, tuple[tuple[str, str], ...]]:
-        protocol, task = runs.at[index, "protocol"], runs.at[index, "task"]
-        return protocol, tuple((key, config[index].get(key, json.dumps(NOT_RECORDED))) for key in differs[protocol, task])
-
-    sections: dict[tuple, Section] = {}
-    latest = finished.sort_values("finished_at").groupby(["setting", "data_source", "seed"], sort=False)
-    pooled: dict[tuple, dict[tuple, list[int]]] = {}  # section -> (row, task) -> indices of pooled runs
-    for (_setting, _data_source, seed), group in latest:
-        keep = group.index[-1]
-        key = section_key(keep)
-        section = sections.setdefault(key, Section(*key))
-        if len(group) > 1:
-            section.duplicates.append(
-                f"{runs.at[keep, 'task']} / {runs.at[keep, 'row']} / seed {seed}: {len(group)} runs of one "
-                f"configuration, the latest ({runs.at[keep, 'finished_at']}) counts"
-            )
-        pooled.setdefault(key, {}).setdefault((runs.at[keep, "row"], runs.at[keep, "task"]), []).append(keep)
-
-    for key, by_cell in pooled.items():
-        section = sections[key]
-        for (row, task), indices in by_cell.items():
-            # Runs of one row and task that still differ (a changed preset, another data source) are separate rows.
-            variants: dict[tuple, list[int]] = {}
-            for index in indices:
-                variants.setdefault((runs.at[index, "setting"], runs.at[index, "data_source"]), []).append(index)
-            for (setting, data_source), members in variants.items():
-                label = row
-                if len(variants) > 1:
-                    others = [
-                        json.loads(s) | {"data_source": json.dumps(d)} for s, d in variants if (s, d) != (setting, data_source)
-                    ]
-                    mine = json.loads(setting) | {"data_source": json.dumps(data_source)}
-                    diff = sorted(k for k in mine if any(o.get(k) != mine[k] for o in others))
-                    label = f"{row} ({', '.join(f'{k}={json.loads(mine[k])}' for k in diff)})"
-                members = sorted(members, key=lambda i: runs.at[i, "seed"])
-                section.cells[label, task] = Cell(
-                    accuracies=[runs.at[i, "accuracy"] for i in members],
-                    seeds=[int(runs.at[i, "seed"]) for i in members],
-                    num_test=[runs.at[i, "num_test"] or 0 for i in members],
-                    data_sources=sorted({runs.at[i, "data_source"] for i in members}),
-                )
-                section.rows.append(label)
-                paper_check(section, task, runs.loc[members[0]])
-
-    finished_settings = set(zip(finished["setting"], finished["seed"]))
-    unfinished = runs[(runs["status"] != "finished")].sort_values("finished_at")
-    for (setting, seed), group in unfinished.groupby(["setting", "seed"], sort=False):
-        if (setting, seed) in finished_settings:
-            continue
-        index = group.index[-1]
-        key = section_key(index)
-        sections.setdefault(key, Section(*key)).failed.append(runs.loc[index].to_dict())
-
-    for section in sections.values():
-        section.rows = sorted(set(section.rows), key=row_order)
-        if section.paper_protocol:
-            for (row, task), cell in section.cells.items():
-                cell.paper = PAPER_TABLE3.get(row, {}).get(task)
+        return Table([], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]))
+    finished = runs[runs["status"] == "finished"].sort_values("finished_at", kind="stable")
+    # One record per configuration, data source and seed: the latest finished.
+    copies = finished.groupby(SAME_RUN, dropna=False).size().rename("copies")
+    counted = finished.drop_duplicates(SAME_RUN, keep="last").join(copies, on=SAME_RUN)
+    in_table = counted["row"].map(is_paper_row).astype(bool)
+    cell_runs = counted[in_table].copy()
+    if cell_runs.empty:
+        return Table([], left_out_runs(runs, counted[~in_table]))
+    cell_runs["section"] = section_titles(cell_runs)
+    cell_runs["label"] = row_labels(cell_runs)
+    cells = cell_frame(cell_runs)
+    sections = [
+        Section(
+            title=title,
+            protocol=runs_of["protocol"].iloc[0],
+            not_paper_because=not_paper_because(runs_of),
+            cells=cells.xs(title, level="section"),
+            duplicates=[
+                f"{run.task} / {run.row} / seed {run.seed}: {run.copies} runs of one configuration, "
+                f"the latest ({run.finished_at}) counts"
+                for run in runs_of[runs_of["copies"] > 1].sort_values(["task", "row", "seed"]).itertuples()
+            ],
+        )
+        for title, runs_of in cell_runs.groupby("section")
+    ]
     # The paper's protocol first, then the others by name.
-    return sorted(sections.values(), key=lambda s: (s.protocol != "paper", s.protocol, s.differs))
+    sections.sort(key=lambda s: (s.protocol != "paper", s.protocol, s.title))
+    return Table(sections, left_out_runs(runs, counted[~in_table]))
 
 
-def paper_check(section: Section, task: str, run: pd.Series) -> None:
-    """Mark the section as the paper's protocol while every cell matches it; say what differs otherwise."""
-    if section.not_paper_because:
-        return
-    setup = paper_setup(task)
-    if section.protocol != "paper" or setup is None:
-        reason = f"protocol.name={section.protocol}"
-    else:
-        protocol, model = setup
-        differ = [f"protocol.{k}" for k in protocol if (run["protocol_fields"] or {}).get(k) != protocol[k]]
-        differ += [f"model.{k}" for k in model if (run["model"] or {}).get(k) != model[k]]
-        reason = ", ".join(differ)
-    if reason:
-        section.paper_protocol, section.not_paper_because = False, reason
-    else:
-        section.paper_protocol = True
+@dataclass(frozen=True)
+class Style:
+    """How the Markdown and LaTeX tables write the same things."""
+
+    bold: tuple[str, str]
+    pm: str
+    generated: str
+    code: tuple[str, str]
+    rho: str
+    full_protocol: str  # marks the paper's column where its protocol is not the section's
 
 
-def row_label(row: str) -> str:
-    base, _, rest = row.partition(" ")
-    return PAPER_LABELS.get(base, base) + (f" {rest}" if rest else "")
+MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡")
+LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$")
+RHO_ROW = "Spearman's {rho} with the paper"
+SIDE_ROW = "ListOps: on the paper's side"
 
 
-def cell_text(section: Section, row: str, task: str, bold: tuple[str, str] = ("**", "**"), pm: str = "±") -> str:
-    cell = section.cells.get((row, task))
+def number(value: float | None) -> str:
+    return "–" if value is None or pd.isna(value) else f"{value:.2f}"
+
+
+def cell_text(section: Section, row: str, task: str, style: Style = MARKDOWN) -> str:
+    cell = section.cell(row, task)
     if cell is None:
         return "–"
-    text = f"{cell.mean:.2f} {pm} {cell.standard_error:.2f}"
-    if section.best(task) == row:
-        text = f"{bold[0]}{text}{bold[1]}"
-    if cell.generated:
-        text += "†"
-    if cell.paper is not None:
-        text += f" ({cell.paper:.2f}, {cell.mean - cell.paper:+.2f})"
-    return text
+    text = f"{cell['mean']:.2f}" + ("" if pd.isna(cell["standard_error"]) else f" {style.pm} {cell['standard_error']:.2f}")
+    if cell["best"]:
+        text = f"{style.bold[0]}{text}{style.bold[1]}"
+    return text + (style.generated if cell["generated"] else "")
+
+
+def agreement_text(section: Section, task: str, style: Style) -> tuple[str, str]:
+    """What a task's column says under the rows: Spearman's rho (or how to get the task's data where the section has
+    no cell of it), and for ListOps the rows on the paper's side of its split."""
+    if not section.has_cells(task):
+        spec = TASK_SPECS.get(task)
+        if spec is not None and spec.generate is None:
+            return f"no runs; data: {style.code[0]}python -m lra.data download {task}{style.code[1]}", ""
+        return "no runs", ""
+    if task not in section.agreement.index:
+        return "no row with the paper's number", ""
+    rows, side, rho = (section.agreement.at[task, column] for column in ("rows", "on_papers_side", "spearman"))
+    if rows < MIN_RANKED_ROWS:
+        rho_text = f"– ({rows} rows)"
+    elif pd.isna(rho):
+        rho_text = f"– (equal means, {rows} rows)"
+    else:
+        rho_text = f"{rho:+.2f} ({rows} rows)"
+    return rho_text, ("" if pd.isna(side) else f"{side} of {rows}")
+
+
+def section_frame(section: Section, style: Style) -> pd.DataFrame:
+    """The section as text: a row per table row, then the agreement rows; per task, our cell beside the paper's."""
+    paper_column = "paper" if section.paper_protocol else f"paper{style.full_protocol}"
+    columns: dict[tuple[str, str], list[str]] = {}
+    for task in section.tasks:
+        label = TASK_LABELS.get(task, task)
+        columns[label, "ours"] = [cell_text(section, row, task, style) for row in section.rows] + [
+            *agreement_text(section, task, style)
+        ]
+        columns[label, paper_column] = [number(paper_number(row, task)) for row in section.rows] + ["", ""]
+    averages = [section.average(row) for row in section.rows]
+    if any(average is not None for average in averages):
+        paper_averages = [pd.Series(PAPER_TABLE3.get(row, {})).reindex(list(TASKS)).mean() for row in section.rows]
+        columns["avg", "ours"] = [number(average) for average in averages] + ["", ""]
+        columns["avg", paper_column] = [number(average) for average in paper_averages] + ["", ""]
+    text = pd.DataFrame(columns, index=[row_label(row) for row in section.rows] + [RHO_ROW.format(rho=style.rho), SIDE_ROW])
+    return text if section.has_cells("listops") else text.iloc[:-1]
+
+
+def paper_split() -> tuple[list[str], list[str]]:
+    """The paper's ListOps rows above and below LISTOPS_SPLIT, by their labels."""
+    return (
+        [row.label for row in paper.TABLE3 if row.accuracy["listops"] >= LISTOPS_SPLIT],
+        [row.label for row in paper.TABLE3 if row.accuracy["listops"] < LISTOPS_SPLIT],
+    )
 
 
 def describe_section(section: Section) -> list[str]:
     """The sentences under a section's title: its protocol, the cells' seeds and test sizes."""
     if section.paper_protocol:
-        lines = ["The paper's protocol and model: each cell is followed by (the paper's number, measured − paper)."]
-    elif section.protocol != "paper":
-        lines = [f"Protocol `{section.protocol}`, not the paper's: compare rows with each other, not with the paper's numbers."]
+        lines = ["The paper's protocol and model: the paper column is the paper's number under the same protocol."]
     else:
-        lines = [
-            f"The paper's protocol with other settings ({section.not_paper_because}): compare rows with each "
-            "other, not with the paper's numbers."
-        ]
-    seeds = sorted({len(cell.seeds) for cell in section.cells.values()})
-    sizes = {
-        task: sorted({n for (_, t), cell in section.cells.items() if t == task for n in cell.num_test}) for task in section.tasks
-    }
-    if seeds:
-        lines.append(
-            f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
-            + "; ".join(f"{TASK_LABELS.get(t, t)} {', '.join(map(str, n))}" for t, n in sizes.items())
-            + "."
+        protocol = (
+            f"Protocol `{section.protocol}`, not the paper's"
+            if section.protocol != "paper"
+            else f"The paper's protocol with other settings ({section.not_paper_because})"
         )
+        lines = [f"{protocol}: the paper‡ column is the paper's number under its full protocol, a reference, not a target."]
+    seeds = sorted(section.cells["num_seeds"].unique())
+    sizes = section.cells["num_test"].explode().groupby(level="task").agg(lambda n: sorted(set(n.dropna().astype(int))))
+    lines.append(
+        f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
+        + "; ".join(
+            f"{TASK_LABELS.get(task, task)} {', '.join(map(str, n)) or NOT_RECORDED}"
+            for task, n in sizes.reindex([t for t in section.tasks if t in sizes.index]).items()
+        )
+        + "."
+    )
     return lines
 
 
-def markdown(sections: list[Section], source: str, title: str = "Table 3") -> str:
+def legend() -> list[str]:
+    learn, chance = paper_split()
+    text = (
+        "Each section is one protocol with the settings its runs differ in (its title): a row per Table 3 row with a "
+        "cell there and, per task, our cell beside the paper's number. Our cell: the mean test accuracy of the "
+        "best-validation checkpoint ± its standard error (over seeds, std / √k, where a cell has k ≥ 2 seeds; else the "
+        "binomial error √(p(1 − p)/n) of one run on its n test samples). Bold: the best of a task where it beats the "
+        "next row by more than twice the standard error of the difference. † = generated data (the official "
+        "generators' algorithms, not the LRA release). A cell pools only runs whose whole configuration is equal but "
+        "for the seed. The paper column is the YOSO paper's Table 3, under its full protocol (`experiment=paper`), "
+        "marked ‡ where the section's protocol is not the paper's: there it is a reference for the ranking, not a "
+        "target. Under the rows, per task, how the section agrees with the paper over the rows that have its number: "
+        f"Spearman's ρ of our means with the paper's (ties at their average rank; from {MIN_RANKED_ROWS} rows) and, "
+        f"for ListOps, the rows on the paper's side of its split: the paper has {', '.join(learn)} at about 37% and "
+        f"{', '.join(chance)} at about 19%, and a row is on its side when its mean is ≥ {LISTOPS_SPLIT:g}% for the "
+        f"first group, < {LISTOPS_SPLIT:g}% for the second. A task without runs in a section says how to get its data. "
+        "Failed runs and runs of rows the paper does not have are listed at the end, not in the table."
+    )
+    return textwrap.wrap(text, 105, break_on_hyphens=False)
+
+
+def markdown_table(text: pd.DataFrame, num_rows: int) -> list[str]:
+    """``text`` (section_frame's) as Markdown, its rows after the first ``num_rows`` (the agreement) in italics."""
+    header = ["model", *(task if part == "ours" else part for task, part in text.columns)]
+    agreement_rows = set(text.index[num_rows:])
+    return [
+        "| " + " | ".join(header) + " |",
+        "| --- " * len(header) + "|",
+        *(
+            "| " + " | ".join([f"*{label}*" if label in agreement_rows else label, *values]) + " |"
+            for label, values in zip(text.index, text.to_numpy().tolist())
+        ),
+    ]
+
+
+def left_out_lines(left_out: pd.DataFrame) -> list[str]:
+    return [
+        f"- {run.task} / {row_label(run.row)} / seed {run.seed}, protocol {run.protocol}, config {run.config_hash[:8]}: {run.why}"
+        for run in left_out.itertuples()
+    ]
+
+
+def markdown(table: Table, source: str, title: str = "Table 3") -> str:
     lines = [
-        f"# {title}: LRA test accuracy (%)",
+        f"# {title}: LRA test accuracy (%), ours beside the paper's",
         "",
         f"Generated by `python -m lra.table` from {source}.",
         "",
-        "Each cell: the mean test accuracy of the best-validation checkpoint ± its standard error (over",
-        "seeds, std / √k, where a cell has k ≥ 2 seeds; else the binomial error √(p(1 − p)/n) of one run",
-        "on its n test samples). Bold: the best of a task where it beats the next row by more than twice",
-        "the standard error of the difference. † = generated data (the official generators' algorithms,",
-        "not the LRA release). A cell pools only runs whose whole configuration is equal but for the",
-        "seed; a section title names the settings in which its runs differ from other runs of the same",
-        "protocol. Rows as in the YOSO paper's Table 3.",
+        *legend(),
     ]
-    for section in sections:
-        tasks = section.tasks
-        with_avg = tasks == list(TASKS)
+    for section in table.sections:
         lines += ["", f"## {section.title}", "", *describe_section(section), ""]
-        lines.append("| model | " + " | ".join(TASK_LABELS.get(t, t) for t in tasks) + (" | avg |" if with_avg else " |"))
-        lines.append("| --- " * (len(tasks) + 1 + with_avg) + "|")
-        for row in section.rows:
-            cells = [cell_text(section, row, task) for task in tasks]
-            if with_avg:
-                average = section.average(row)
-                cells.append("–" if average is None else f"{average:.2f}")
-            lines.append(f"| {row_label(row)} | " + " | ".join(cells) + " |")
+        lines += markdown_table(section_frame(section, MARKDOWN), len(section.rows))
         if section.duplicates:
-            lines += ["", "Counted once:", "", *(f"- {text}" for text in sorted(section.duplicates))]
-        if section.failed:
-            lines += ["", "Did not finish (no finished run of the configuration and seed):", ""]
-            for run in sorted(section.failed, key=lambda r: (r["task"], r["row"], r["seed"])):
-                error = (run["error"] or run["status"]).splitlines()[0][:200]
-                lines.append(f"- {run['task']} / {row_label(run['row'])} / seed {run['seed']}: {run['status']}: {error}")
+            lines += ["", "Counted once:", "", *(f"- {text}" for text in section.duplicates)]
+    if not table.left_out.empty:
+        lines += ["", "## Not in the table", "", "Failed runs (no finished run of the configuration and seed) and runs of rows"]
+        lines += ["the paper's Table 3 does not have:", "", *left_out_lines(table.left_out)]
     return "\n".join(lines) + "\n"
 
 
-def cells_frame(sections: list[Section]) -> pd.DataFrame:
-    rows = []
-    for section in sections:
-        for row in section.rows:
-            for task in section.tasks:
-                cell = section.cells.get((row, task))
-                if cell is None:
-                    continue
-                rows.append(
-                    {
-                        "section": section.title,
-                        "protocol": section.protocol,
-                        "row": row,
-                        "task": task,
-                        "num_seeds": len(cell.seeds),
-                        "seeds": " ".join(map(str, cell.seeds)),
-                        "num_test": " ".join(map(str, cell.num_test)),
-                        "mean": round(cell.mean, 4),
-                        "std": round(cell.std, 4),
-                        "standard_error": round(cell.standard_error, 4),
-                        "best": section.best(task) == row,
-                        "paper": cell.paper,
-                        "difference": None if cell.paper is None else round(cell.mean - cell.paper, 4),
-                        "data_source": "+".join(cell.data_sources),
-                        "accuracies": " ".join(f"{a:.4f}" for a in cell.accuracies),
-                    }
-                )
-    return pd.DataFrame(rows)
+CELL_COLUMNS = [
+    "section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean", "std", "standard_error", "best",
+    "paper", "paper_protocol", "difference", "papers_side", "data_source", "accuracies",
+]  # fmt: skip
 
 
-def latex(sections: list[Section]) -> str:
+def cells_frame(table: Table) -> pd.DataFrame:
+    """The cells, tidy: one line per section, row and task, with the paper's number (the difference only where the
+    section is the paper's protocol) and, for ListOps, whether the row is on the paper's side of its split."""
     parts = [
-        "% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data;"
-        " (paper, difference) only under the paper's protocol."
+        section.in_order()
+        .reset_index()
+        .rename(columns={"label": "row"})
+        .assign(section=section.title, protocol=section.protocol, paper_protocol=section.paper_protocol)
+        for section in table.sections
     ]
-    for section in sections:
-        tasks = section.tasks
-        table = pd.DataFrame(
-            [
-                [row_label(row)]
-                + [cell_text(section, row, task, ("\\textbf{", "}"), "$\\pm$").replace("†", "\\dag") for task in tasks]
-                for row in section.rows
-            ],
-            columns=["Method", *(TASK_LABELS.get(t, t) for t in tasks)],
+    if not parts:
+        return pd.DataFrame(columns=CELL_COLUMNS)
+    cells = pd.concat(parts, ignore_index=True)
+    cells["difference"] = (cells["mean"] - cells["paper"]).where(cells["paper_protocol"])
+    for column in ("seeds", "num_test"):
+        cells[column] = cells[column].map(lambda values: " ".join("" if pd.isna(v) else str(v) for v in values))
+    cells["accuracies"] = cells["accuracies"].map(lambda values: " ".join(f"{v:.4f}" for v in values))
+    return cells[CELL_COLUMNS].round(4)
+
+
+def agreement_frame(table: Table) -> pd.DataFrame:
+    """Per section and task with cells: the rows compared with the paper, those on its ListOps side, Spearman's rho."""
+    columns = ["section", "protocol", "task", "rows", "on_papers_side", "spearman"]
+    parts = [s.agreement.reset_index().assign(section=s.title, protocol=s.protocol) for s in table.sections]
+    parts = [part for part in parts if not part.empty]
+    return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns))[columns].round(4)
+
+
+def latex_escape(text: str) -> str:
+    return text.replace("_", "\\_").replace("*", "$^*$").replace("%", "\\%")
+
+
+def latex(table: Table) -> str:
+    parts = [
+        "% Generated by `python -m lra.table`. Cells: mean $\\pm$ standard error; \\dag = generated data; beside each,"
+        " the paper's number ($^\\ddagger$: its full protocol, not the section's); under the rows, Spearman's $\\rho$ with"
+        f" the paper and the ListOps rows on the paper's side of {LISTOPS_SPLIT:g}\\%."
+    ]
+    for section in table.sections:
+        text = section_frame(section, LATEX)
+        text.index = text.index.map(latex_escape)
+        text.insert(0, ("Method", ""), text.index)
+        tabular = text.to_latex(
+            index=False, escape=False, multicolumn=True, multicolumn_format="c", column_format="l" + "c" * (text.shape[1] - 1)
         )
-        table["Method"] = table["Method"].str.replace("_", "\\_").str.replace("*", "$^*$", regex=False)
-        parts += [f"% {section.title}", table.to_latex(index=False, escape=False, column_format="l" + "c" * len(tasks))]
-    return "\n".join(parts)
+        lines = tabular.splitlines()
+        lines.insert(lines.index("\\midrule") + 1 + len(section.rows), "\\midrule")  # between the rows and the agreement
+        parts += [f"% {section.title}", "\n".join(lines) + "\n"]
+    if not table.left_out.empty:
+        parts += ["% Not in the table (failed runs, rows the paper does not have):"]
+        parts += [f"% {line[2:]}" for line in left_out_lines(table.left_out)]
+    return "\n".join(parts) + "\n"
 
 
-def figure(sections: list[Section], path: Path) -> None:
-    """Mean with its standard error per row (bars), the paper's number (black ticks) in paper sections."""
+def figure(table: Table, path: Path) -> None:
+    """Per section and task with cells: our mean with its standard error beside the paper's number, row by row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    width = max(len(s.tasks) for s in sections)
-    height = sum(0.3 * len(s.rows) + 1.2 for s in sections)
-    fig, axes = plt.subplots(
-        len(sections),
-        width,
-        figsize=(3.4 * width, height),
-        squeeze=False,
-        gridspec_kw={"height_ratios": [len(s.rows) + 2 for s in sections]},
-    )
-    for axis_row, section in zip(axes, sections):
-        for ax in axis_row[len(section.tasks) :]:
-            ax.axis("off")
-        for ax, task in zip(axis_row, section.tasks):
-            for i, row in enumerate(section.rows):
-                cell = section.cells.get((row, task))
-                if cell is not None:
-                    ax.barh(
-                        i,
-                        cell.mean,
-                        xerr=cell.standard_error,
-                        color="tab:orange" if row.startswith("yoso") else "tab:blue",
-                        hatch="//" if cell.generated else None,
-                        alpha=0.85,
-                    )
-                    if cell.paper is not None:
-                        ax.plot([cell.paper, cell.paper], [i - 0.4, i + 0.4], color="black", linewidth=2)
-            ax.set_title(f"{TASK_LABELS.get(task, task)} ({section.title})", fontsize=9)
-            ax.set_xlabel("test accuracy (%)")
-            ax.set_yticks(range(len(section.rows)), [row_label(r) for r in section.rows], fontsize=8)
-            ax.invert_yaxis()
+    panels = [[task for task in section.tasks if section.has_cells(task)] for section in table.sections]
+    width = max(map(len, panels), default=1)
+    heights = [0.45 * len(section.rows) + 1.6 for section in table.sections] or [1.0]
+    fig = plt.figure(figsize=(4.5 * width + 1, sum(heights) + 0.5), layout="constrained")
+    subfigures = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False).flat
+    for subfig, section, tasks in zip(subfigures, table.sections, panels):
+        protocol = "" if section.paper_protocol else " (paper: its full protocol)"
+        subfig.suptitle(textwrap.fill(section.title + protocol, 50 * width + 10), fontsize=9, fontweight="bold")
+        y = np.arange(len(section.rows))
+        for ax, task in zip(subfig.subplots(1, width, squeeze=False)[0], [*tasks, *[None] * width]):
+            if task is None:
+                ax.axis("off")
+                continue
+            cells = section.cells.xs(task, level="task").reindex(section.rows)
+            ax.barh(
+                y - 0.2,
+                cells["mean"],
+                height=0.4,
+                xerr=cells["standard_error"],
+                color=["tab:orange" if row.startswith("yoso") else "tab:blue" for row in section.rows],
+                hatch=["//" if generated is True else None for generated in cells["generated"]],
+                edgecolor="white",
+            )
+            ax.barh(y + 0.2, [paper_number(row, task) for row in section.rows], height=0.4, color="0.7")
+            if task == "listops":
+                ax.axvline(LISTOPS_SPLIT, color="black", linestyle=":", linewidth=1)
+            rho, side = agreement_text(section, task, MARKDOWN)
+            side = f", {side} on the paper's side" if side else ""
+            ax.set_title(f"{TASK_LABELS.get(task, task)}: ρ {rho}{side}", fontsize=9)
+            ax.set_yticks(y, [row_label(r) for r in section.rows], fontsize=8)
+            ax.set_ylim(len(section.rows) - 0.5, -0.5)
+            ax.set_xlabel("test accuracy (%)", fontsize=8)
+            ax.tick_params(axis="x", labelsize=8)
             ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(
-        "LRA Table 3: mean test accuracy ± standard error\n(hatched: generated data; black: the paper's "
-        "number, under its protocol only)",
-        fontsize=10,
+    fig.legend(
+        handles=[
+            Patch(color="tab:blue", label="ours: mean ± standard error"),
+            Patch(color="tab:orange", label="ours, YOSO rows"),
+            Patch(facecolor="white", edgecolor="black", hatch="//", label="generated data"),
+            Patch(color="0.7", label="the paper's Table 3"),
+            Line2D([], [], color="black", linestyle=":", label=f"ListOps split ({LISTOPS_SPLIT:g}%)"),
+        ],
+        loc="outside upper center",
+        ncol=5 if width > 1 else 3,
+        fontsize=8,
+        frameon=False,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same runs, same bytes
+    fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: same runs, same bytes
     plt.close(fig)
 
 
 def write_all(
     records: list[dict[str, Any]], out_dir: Path, source: str, name: str = "table3", protocols: list[str] | None = None
 ) -> list[Path]:
-    """Write ``<name>.{md,csv,tex,png}`` into ``out_dir`` from ``records`` (only those of ``protocols`` if given)."""
+    """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` into ``out_dir`` from ``records`` (only those of
+    ``protocols`` if given)."""
     if protocols:
         records = [record for record in records if record.get("protocol", {}).get("name") in protocols]
-    sections = build_sections(records)
-    if not sections:
+    if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
+    table = build(records)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.{suffix}" for suffix in ("md", "csv", "tex", "png")]
-    paths[0].write_text(markdown(sections, source, "Table 3" if name == "table3" else name))
-    cells_frame(sections).to_csv(paths[1], index=False, float_format="%.4f")
-    paths[2].write_text(latex(sections))
-    figure(sections, paths[3])
+    paths = [out_dir / f"{name}{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")]
+    paths[0].write_text(markdown(table, source, "Table 3" if name == "table3" else name))
+    cells_frame(table).to_csv(paths[1], index=False, float_format="%.4f")
+    agreement_frame(table).to_csv(paths[2], index=False, float_format="%.4f")
+    paths[3].write_text(latex(table))
+    figure(table, paths[4])
     return paths
 
 

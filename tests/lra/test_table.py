@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -80,6 +81,10 @@ def only(sections, title):
     return section
 
 
+def sections_of(records):
+    return table.build(records).sections
+
+
 def test_runs_with_different_budgets_are_never_averaged_as_seeds():
     """The issue's case: smoke softmax/ListOps runs of 400, 20 and 10 steps, all seed 0, and failures."""
     records = [
@@ -89,20 +94,23 @@ def test_runs_with_different_budgets_are_never_averaged_as_seeds():
         record("softmax", "listops", 0, None, status="failed", finished_at="2025-01-01T00:00:00"),  # finished later
         record("softmax", "listops", 0, None, status="failed", protocol={**SMOKE, "max_steps": 5}),
     ]
-    sections = table.build_sections(records)
-    assert [s.title for s in sections] == [
+    result = table.build(records)
+    # The 5-step configuration has no finished run: no section of its own, one line at the end.
+    assert [s.title for s in result.sections] == [
         "smoke, protocol.max_steps=10",
         "smoke, protocol.max_steps=20",
         "smoke, protocol.max_steps=400",
-        "smoke, protocol.max_steps=5",
     ]
-    cell = only(sections, "smoke, protocol.max_steps=400").cells["softmax", "listops"]
-    assert cell.accuracies == [31.25] and cell.seeds == [0]
-    text = table.markdown(sections, "test records")
-    assert "## smoke, protocol.max_steps=400" in text and "| softmax | 31.25 ± 1.47† |" in text
-    # Only the configuration with no finished run did not finish.
-    assert text.count("Did not finish") == 1
-    assert "- listops / softmax / seed 0: failed: RuntimeError: out of memory" in text.split("max_steps=5")[1]
+    cell = only(result.sections, "smoke, protocol.max_steps=400").cell("softmax", "listops")
+    assert cell["accuracies"] == [31.25] and cell["seeds"] == [0]
+    text = table.markdown(result, "test records")
+    assert "## smoke, protocol.max_steps=400" in text and "| softmax | 31.25 ± 1.47† | 37.10‡ |" not in text
+    assert "| softmax | 31.25 ± 1.47† | 37.10 | – | 65.02 |" in text
+    # Only the configuration with no finished run did not finish, listed once, at the end.
+    (line,) = [line for line in text.splitlines() if "out of memory" in line]
+    assert line.startswith("- listops / softmax / seed 0, protocol smoke, config ")
+    assert line.endswith(": failed: RuntimeError: out of memory")
+    assert text.index("## Not in the table") > text.index("## smoke, protocol.max_steps=400")
 
 
 def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
@@ -114,30 +122,31 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
     ]
     records[2]["config_hash"] += "-other-machine"
     copy = dict(records[0])  # one run found twice (outputs/ and results/runs/) is one record
-    (section,) = table.build_sections([*records, copy])
-    cell = section.cells["softmax", "listops"]
-    assert cell.accuracies == [36.0, 30.0] and cell.seeds == [0, 1]
-    assert cell.standard_error == pytest.approx(cell.std / 2**0.5) and cell.std == pytest.approx(4.2426, rel=1e-4)
+    result = table.build([*records, copy])
+    (section,) = result.sections
+    cell = section.cell("softmax", "listops")
+    assert cell["accuracies"] == [36.0, 30.0] and cell["seeds"] == [0, 1]
+    assert cell["standard_error"] == pytest.approx(cell["std"] / 2**0.5) and cell["std"] == pytest.approx(4.2426, rel=1e-4)
     assert section.duplicates == [
         "listops / softmax / seed 1: 2 runs of one configuration, the latest (2026-02-01T00:00:00) counts"
     ]
-    assert "Counted once:" in table.markdown([section], "test records")
+    assert "Counted once:" in table.markdown(result, "test records")
 
 
 def test_one_seed_shows_the_binomial_standard_error_of_its_test_samples():
-    (section,) = table.build_sections([record("softmax", "listops", 0, 0.331, num_test=1000)])
-    assert section.cells["softmax", "listops"].standard_error == pytest.approx(100 * (0.331 * 0.669 / 1000) ** 0.5)
-    assert "Test samples: ListOps 1000." in table.markdown([section], "test records")
+    result = table.build([record("softmax", "listops", 0, 0.331, num_test=1000)])
+    assert result.sections[0].cell("softmax", "listops")["standard_error"] == pytest.approx(100 * (0.331 * 0.669 / 1000) ** 0.5)
+    assert "Test samples: ListOps 1000." in table.markdown(result, "test records")
 
 
 def test_best_is_bold_only_beyond_the_noise():
     chance = [record("yoso_c_16", "pathfinder", 0, 0.511, hparams={}), record("none", "pathfinder", 0, 0.508, hparams={})]
-    (section,) = table.build_sections(chance)
-    assert section.best("pathfinder") is None and "**" not in table.markdown([section], "test records")
+    result = table.build(chance)
+    assert result.sections[0].best("pathfinder") is None and "**" not in table.markdown(result, "test records")
     clear = [record("softmax", "listops", 0, 0.37), record("none", "listops", 0, 0.17, hparams={})]
-    (section,) = table.build_sections(clear)
-    assert section.best("listops") == "softmax"
-    assert "| softmax | **37.00 ± 1.53**† |" in table.markdown([section], "test records")
+    result = table.build(clear)
+    assert result.sections[0].best("listops") == "softmax"
+    assert "| softmax | **37.00 ± 1.53**† | 37.10 |" in table.markdown(result, "test records")
 
 
 def paper_record(row, task, seed, acc, **changes):
@@ -145,30 +154,143 @@ def paper_record(row, task, seed, acc, **changes):
     return record(row, task, seed, acc, source="lra_release", protocol={**protocol, **changes}, model=model)
 
 
-def test_the_paper_comparison_only_under_the_papers_protocol_and_model():
-    (paper,) = table.build_sections([paper_record("softmax", "listops", 0, 0.36), paper_record("softmax", "listops", 1, 0.38)])
-    assert paper.paper_protocol
-    text = table.markdown([paper], "test records")
-    assert "| softmax | 37.00 ± 1.00 (37.10, -0.10) |" in text
-    # Named "paper" but shortened: no comparison, and the reason is given.
-    (short,) = table.build_sections([paper_record("softmax", "listops", 0, 0.30, max_steps=1000)])
-    assert not short.paper_protocol and short.not_paper_because == "protocol.max_steps"
-    assert "(37.10" not in table.markdown([short], "test records")
-    assert "The paper's protocol with other settings (protocol.max_steps)" in table.markdown([short], "test records")
-    (smoke,) = table.build_sections([record("softmax", "listops", 0, 0.30)])
-    assert "Protocol `smoke`, not the paper's" in table.markdown([smoke], "test records")
+def test_the_papers_number_beside_every_section_marked_where_its_protocol_is_not_the_sections():
+    result = table.build([paper_record("softmax", "listops", 0, 0.36), paper_record("softmax", "listops", 1, 0.38)])
+    assert result.sections[0].paper_protocol
+    text = table.markdown(result, "test records")
+    assert "| model | ListOps | paper | Text | paper |" in text and "| softmax | 37.00 ± 1.00 | 37.10 | – | 65.02 |" in text
+    assert table.cells_frame(result).loc[0, ["paper", "paper_protocol", "difference"]].tolist() == [37.10, True, -0.10]
+    # Named "paper" but shortened: the paper's number, marked as its full protocol, and no difference.
+    short = table.build([paper_record("softmax", "listops", 0, 0.30, max_steps=1000)])
+    assert not short.sections[0].paper_protocol and short.sections[0].not_paper_because == "protocol.max_steps"
+    text = table.markdown(short, "test records")
+    assert "The paper's protocol with other settings (protocol.max_steps): the paper‡ column" in text
+    assert "| model | ListOps | paper‡ | Text | paper‡ |" in text and "| softmax | 30.00 ± 1.45 | 37.10 |" in text
+    assert pd.isna(table.cells_frame(short).loc[0, "difference"])
+    smoke = table.build([record("softmax", "listops", 0, 0.30)])
+    assert "Protocol `smoke`, not the paper's: the paper‡ column" in table.markdown(smoke, "test records")
+    # LaTeX: the paper's number beside ours, marked the same way.
+    assert "\\multicolumn{2}{c}{ListOps}" in table.latex(smoke) and "paper$^\\ddagger$" in table.latex(smoke)
+    assert "30.00 $\\pm$ 1.45\\dag & 37.10 &" in table.latex(smoke)
 
 
-def test_average_over_the_five_tasks_and_unknown_rows_after_the_paper_rows():
+def test_tasks_without_runs_keep_their_columns_and_say_how_to_get_their_data():
+    result = table.build([record("softmax", "listops", 0, 0.30)])
+    (rho_row,) = [line for line in table.markdown(result, "test records").splitlines() if line.startswith("| *Spearman")]
+    cells = rho_row.split(" | ")
+    # ListOps, then Text, Retrieval, Image (downloaded) and Pathfinder (generated), each with the paper's column.
+    assert cells[1] == "– (1 rows)" and cells[3] == "no runs; data: `python -m lra.data download text`"
+    assert cells[5] == "no runs; data: `python -m lra.data download retrieval`"
+    assert cells[7] == "no runs; data: `python -m lra.data download image`" and cells[9] == "no runs"
+
+
+LISTOPS_MEANS = {  # the paper's rows at about 37% first, then those at about 19%
+    "softmax": 28.0,  # on the paper's side: >= 28
+    "yoso_e": 33.0,
+    "nystromformer": 14.3,  # not on the paper's side
+    "longformer": 31.0,
+    "linformer": 33.5,
+    "yoso_32": 33.4,
+    "yoso_c_16": 33.6,
+    "yoso_star_16": 34.3,
+    "yoso_star_c_16": 29.0,
+    "none": 14.8,
+    "reformer": 27.9,  # on the paper's side: < 28
+    "performer": 30.0,  # not on the paper's side
+}
+
+
+def test_agreement_with_the_paper_the_listops_split_and_spearmans_rho():
+    records = [record(row, "listops", 0, mean / 100, hparams={}) for row, mean in LISTOPS_MEANS.items()]
+    # Pathfinder, three rows with known ranks: ours 1, 2, 3 against the paper's 1, 3, 2 (none < linformer < reformer).
+    ranked = [("none", 0.5), ("reformer", 0.6), ("linformer", 0.7)]
+    records += [record(row, "pathfinder", 0, acc, hparams={}) for row, acc in ranked]
+    result = table.build(records)
+    (section,) = result.sections
+    agreement = section.agreement
+    assert agreement.loc["listops", "rows"] == 12 and agreement.loc["listops", "on_papers_side"] == 10
+    assert pd.isna(agreement.loc["pathfinder", "on_papers_side"])
+    assert agreement.loc["pathfinder", "spearman"] == pytest.approx(0.5)
+    ours = pd.Series(LISTOPS_MEANS)
+    papers = pd.Series({row: table.PAPER_TABLE3[row]["listops"] for row in LISTOPS_MEANS})
+    by_hand = np.corrcoef(ours.rank(), papers.rank())[0, 1]  # ties (37.20, 37.25 twice each) at their average rank
+    assert agreement.loc["listops", "spearman"] == pytest.approx(by_hand)
+    text = table.markdown(result, "test records")
+    assert f"| *Spearman's ρ with the paper* | {by_hand:+.2f} (12 rows) |" in text
+    assert "| *ListOps: on the paper's side* | 10 of 12 |" in text
+    frame = table.cells_frame(result).set_index(["row", "task"])
+    assert not frame.loc[("nystromformer", "listops"), "papers_side"] and frame.loc[("performer", "listops"), "paper"] == 18.80
+    assert frame["papers_side"].xs("listops", level="task").sum() == 10
+    assert frame["papers_side"].xs("pathfinder", level="task").isna().all()
+    tidy = table.agreement_frame(result)
+    assert tidy["task"].tolist() == ["listops", "pathfinder"] and tidy["rows"].tolist() == [12, 3]
+    assert tidy["on_papers_side"].iloc[0] == 10 and pd.isna(tidy["on_papers_side"].iloc[1])
+
+
+def test_spearman_ties_take_their_average_rank():
+    ours, papers = pd.Series([1.0, 1.0, 2.0]), pd.Series([1.0, 2.0, 3.0])
+    assert table.spearman(ours, papers) == pytest.approx(3**0.5 / 2)  # ranks 1.5, 1.5, 3 against 1, 2, 3
+    assert np.isnan(table.spearman(ours[:2], papers[:2])) and np.isnan(table.spearman(pd.Series([5.0] * 3), papers))
+
+
+def test_only_sections_with_cells_and_runs_that_are_not_cells_listed_once_at_the_end():
+    """The issue's symptoms: a section with an empty header, ``other settings ()``, ``Test samples: ListOps 256.0``."""
+    paper_protocol, paper_model = table.paper_setup("listops")
+    records = [
+        record("softmax", "listops", 0, 0.30, num_test=256),
+        record("softmax", "listops", 1, None, status="failed", protocol={**SMOKE, "max_steps": 5}),
+        record("softmax", "listops", 1, None, status="failed", protocol={**SMOKE, "max_steps": 5}, finished_at="2026-03-01"),
+        record("softmax", "listops", 0, None, status="failed", protocol=paper_protocol, model=paper_model),  # no cell
+        record("my_attention", "listops", 0, 0.9),
+        record("softmax", "listops", 0, 0.31, num_test=None),  # no test size recorded: no float column either
+    ]
+    records[-1]["num_samples"] = {"train": 2000}
+    records[-1]["config_hash"] = "no-test-size"
+    records[-1]["data"] = {"source": "generated", "max_length": 300}
+    result = table.build(records)
+    assert [s.title for s in result.sections] == ["smoke, data.max_length=250", "smoke, data.max_length=300"]
+    text = table.markdown(result, "test records")
+    assert "| model |  |" not in text and "other settings" not in text and "256.0" not in text
+    assert "Test samples: ListOps 256." in text and "Test samples: ListOps not recorded." in text
+    assert text.count("## ") == 3 and text.count("## Not in the table") == 1
+    left_out = text.split("## Not in the table")[1]
+    assert [line.split(",")[0] for line in left_out.splitlines() if line.startswith("- ")] == [
+        "- listops / my_attention / seed 0",
+        "- listops / softmax / seed 0",
+        "- listops / softmax / seed 1",
+    ]
+    assert "finished at 90.00%, but my_attention is not a row of the paper's Table 3" in left_out
+    assert "| my_attention" not in text
+    # The CSV and LaTeX follow the same rules: cells only, no empty table, the runs that are not cells as comments.
+    assert set(table.cells_frame(result)["row"]) == {"softmax"} and len(table.cells_frame(result)) == 2
+    tex = table.latex(result)
+    assert tex.count("\\begin{tabular}") == 2 and "\n% listops / my_attention / seed 0, protocol smoke" in tex
+    assert [line for line in tex.splitlines() if "my_attention" in line and not line.startswith("% ")] == []
+    with pytest.raises(ValueError, match="no cells"):
+        table.Section("empty", "smoke", "protocol.name=smoke", table.build(records).sections[0].cells.iloc[:0])
+
+
+def test_a_table_of_failed_runs_alone_lists_them(tmp_path):
+    result = table.build([record("softmax", "listops", 0, None, status="failed")])
+    assert result.sections == [] and len(result.left_out) == 1
+    assert "## " not in table.markdown(result, "test records").replace("## Not in the table", "")
+    paths = table.write_all([record("softmax", "listops", 0, None, status="failed")], tmp_path, "test records")
+    assert all(path.exists() for path in paths) and pd.read_csv(paths[1]).empty
+
+
+def test_average_over_the_five_tasks_and_unknown_rows_at_the_end():
     records = [paper_record("softmax", task, 0, 0.5 + 0.1 * i) for i, task in enumerate(table.TASKS)]
     records.append(paper_record("my_attention", "image", 0, 0.9))
-    (section,) = table.build_sections(records)
+    result = table.build(records)
+    (section,) = result.sections
     assert section.average("softmax") == pytest.approx(70.0)
-    assert section.rows == ["softmax", "my_attention"]
-    frame = table.cells_frame([section])
+    assert section.rows == ["softmax"] and result.left_out["row"].tolist() == ["my_attention"]
+    assert "| softmax | 50.00 ± 1.58 | 37.10 |" in table.markdown(result, "test records")
+    assert "| 70.00 | 58.77 |" in table.markdown(result, "test records")  # ours and the paper's Avg
+    frame = table.cells_frame(result)
     softmax = frame[(frame.row == "softmax") & (frame.task == "listops")].iloc[0]
     assert (softmax["num_seeds"], softmax["mean"], softmax["paper"], softmax["difference"]) == (1, 50.0, 37.10, 12.9)
-    assert pd.isna(frame[frame.row == "my_attention"].iloc[0]["paper"])
+    assert frame["task"].tolist() == list(table.TASKS)
 
 
 def test_a_row_whose_runs_still_differ_is_split_and_labelled():
@@ -177,8 +299,23 @@ def test_a_row_whose_runs_still_differ_is_split_and_labelled():
         record("yoso_32", "listops", 1, 0.35, hparams={"num_hashes": 16}),
         record("softmax", "listops", 0, 0.33),
     ]
-    (section,) = table.build_sections(records)
+    result = table.build(records)
+    (section,) = result.sections
     assert section.rows == ["softmax", "yoso_32 (attention_hparams.num_hashes=16)", "yoso_32 (attention_hparams.num_hashes=32)"]
+    # A split row is not the paper's row as its preset defines it: no paper number, not compared.
+    assert section.in_order()["paper"].notna().tolist() == [True, False, False] and section.agreement.loc["listops", "rows"] == 1
+
+
+def test_the_papers_numbers_are_its_table_3():
+    """lra/paper.py against the paper's LaTeX source, where the reference copy is present."""
+    tex_path = REPO.parent / "shared" / "reference" / "yoso-paper-icml2021.tex"
+    if not tex_path.exists():
+        pytest.skip(f"{tex_path} is not present")
+    tabular = tex_path.read_text().split("\\label{tab:lra}")[0].rsplit("\\begin{tabular}", 1)[1]
+    rows = [line.rstrip(" \\").split(" & ") for line in tabular.splitlines() if line.count(" & ") == 6]
+    printed = {label.strip(): [float(v) for v in values[:5]] for label, *values in rows if values[0][0].isdigit()}
+    printed["nystromformer"] = printed.pop('nystr\\"{o}mformer')
+    assert printed == {row.label: [row.accuracy[task] for task in table.TASKS] for row in table.paper.TABLE3}
 
 
 def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_records(tmp_path):
@@ -192,19 +329,20 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
     table.main(args)
     assert sorted(p.name for p in results.iterdir()) == ["runs"], "a plain lra.table never writes into results/"
     user = (outputs / "table3.md").read_text()
-    assert "| softmax | 31.00 ± 0.58† | – |" in user and "| yoso-32 | – | 70.00 ± 1.45† |" in user
+    assert "| softmax | 31.00 ± 0.58† | 37.10‡ |" not in user and "| softmax | 31.00 ± 0.58† | 37.10 | – | 65.02 |" in user
+    assert "| yoso-32 | – | 37.25 | – | 63.12 | – | 78.69 | – | 40.21 | 70.00 ± 1.45† | 72.33 |" in user
 
     table.main([*args, "--committed"])
     first = {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()}
-    assert set(first) == {"table3.md", "table3.csv", "table3.tex", "table3.png"}
-    assert "softmax" not in first["table3.md"].decode(), "the committed table holds committed runs only"
+    assert set(first) == {"table3.md", "table3.csv", "table3_agreement.csv", "table3.tex", "table3.png"}
+    assert "| softmax |" not in first["table3.md"].decode(), "the committed table holds committed runs only"
     table.main([*args, "--committed"])
     assert {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()} == first, "same records, same bytes"
 
     table.main([*args, "--collect"])
     collected = sorted((results / "runs").glob("listops__softmax__smoke__seed*.json"))
     assert len(collected) == 3 and all("best_checkpoint" not in json.loads(p.read_text()) for p in collected)
-    assert "| softmax | 31.00 ± 0.58† | – |" in (results / "table3.md").read_text()
+    assert "| softmax | 31.00 ± 0.58† | 37.10 | – |" in (results / "table3.md").read_text()
     frame = pd.read_csv(results / "table3.csv")
     assert list(frame.columns[:8]) == ["section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean"]
 
@@ -225,7 +363,7 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         capture_output=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    for name in ("table3.md", "table3.csv", "table3.tex", "spt.md", "spt.csv", "spt.tex"):
+    for name in [f"{name}{suffix}" for name in ("table3", "spt") for suffix in (".md", ".csv", "_agreement.csv", ".tex")]:
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
@@ -261,14 +399,14 @@ def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections(
     ]
     for r in records:  # the hash stands for the whole configuration, pretraining and positions included
         r["config_hash"] = hashlib.sha256(json.dumps([r["config_hash"], r.get("pretrain"), r["model"]]).encode()).hexdigest()[:16]
-    sections = {s.title: s for s in table.build_sections(records)}
+    sections = {s.title: s for s in sections_of(records)}
     scratch = sections["smoke, model.positions=learned, pretrain=none (from scratch)"]
-    assert scratch.cells["softmax", "listops"].seeds == [0, 1]  # the old record is a from-scratch, learned run
+    assert scratch.cell("softmax", "listops")["seeds"] == [0, 1]  # the old record is a from-scratch, learned run
     pretrained = sections["smoke, model.positions=learned, pretrain=mlm (mask_rate=0.15, protocol as fine-tuning)"]
-    assert pretrained.cells["softmax", "listops"].accuracies == pytest.approx([40.0, 42.0])
+    assert pretrained.cell("softmax", "listops")["accuracies"] == pytest.approx([40.0, 42.0])
     assert sections["smoke, model.positions=learned, pretrain=mlm (mask_rate=0.15, max_steps=800)"]
     rotary = sections["smoke, model.positions=rotary, pretrain=mlm (mask_rate=0.15, protocol as fine-tuning)"]
-    assert rotary.cells["softmax", "listops"].accuracies == pytest.approx([60.0])
+    assert rotary.cell("softmax", "listops")["accuracies"] == pytest.approx([60.0])
     assert len(sections) == 4
 
 
