@@ -38,14 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     if report.missing:
         print("Where a device's kernels are missing, YOSO runs there on the pure-PyTorch reference (yoso_cuda/reference.py).")
     if not args.check:
-        return 1 if report.missing else 0
+        return 1 if report.missing or report.unsafe else 0
     from .check import run_check
 
     start = time.perf_counter()
     lines, passed = run_check(report)
     print("\n".join(lines))
     print(f"check {'passed' if passed else 'FAILED'} in {time.perf_counter() - start:.1f} s")
-    return 0 if passed and not report.missing else 1
+    return 0 if passed and not report.missing and not report.unsafe else 1
 
 
 if __name__ == "__main__":

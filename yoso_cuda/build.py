@@ -10,6 +10,14 @@
   ``/usr/local/cuda``, else ``nvcc`` on the PATH) whose major CUDA version is torch's; a mismatch is
   reported before compiling, with what to install or set.
 
+A library that links its own copy of the C++ standard library (a compiler set up to link
+``libstdc++`` statically, as some cluster toolchains are) loads and computes correctly, but its
+iostreams' locale is not torch's: formatting a number into an error message (a bad argument, an
+out-of-memory) crashed the process with a segmentation fault on an H100 machine whose ``CXX``
+wrapper links this way, and cut the message short at its first number on this project's CPU
+machine (``-static-libstdc++``). Such a library is reported as unsafe, with the fix (another
+``CXX``), and is an error under ``YOSO_KERNELS=require``.
+
 A CUDA-side failure (no toolkit, a version mismatch, a compile error) never costs the CPU kernels:
 each library is built and loaded on its own and the report says why one is missing.
 ``YOSO_KERNELS`` chooses what to build:
@@ -33,6 +41,7 @@ import fcntl
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -57,12 +66,14 @@ class Library:
     path: str | None = None  # the loaded shared library
     archs: str | None = None  # CUDA architectures it was compiled for
     reason: str | None = None  # why it is not loaded
+    unsafe: str | None = None  # loaded, but why using it can crash the process
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.loaded:
             archs = f", archs {self.archs}" if self.archs else ""
-            return f"{self.device} kernels: loaded ({self.path}{archs})"
+            unsafe = f"; UNSAFE: {self.unsafe}" if self.unsafe else ""
+            return f"{self.device} kernels: loaded ({self.path}{archs}){unsafe}"
         status = "FAILED" if self.wanted else "not built"
         return f"{self.device} kernels: {status}: {self.reason}"
 
@@ -82,13 +93,19 @@ class BuildReport:
         """Wanted libraries that are not loaded."""
         return [library for library in self.libraries if library.wanted and not library.loaded]
 
+    @property
+    def unsafe(self) -> list[Library]:
+        """Loaded libraries that crash the process when they raise an error."""
+        return [library for library in self.libraries if library.loaded and library.unsafe]
+
 
 class KernelBuildError(RuntimeError):
     """A wanted library failed under ``YOSO_KERNELS=require``; ``report`` says what was built."""
 
     def __init__(self, report: BuildReport) -> None:
-        failures = "; ".join(f"{library.device}: {library.reason}" for library in report.missing)
-        super().__init__(f"YOSO_KERNELS=require and YOSO's kernels failed to build: {failures}")
+        failures = [f"{library.device}: {library.reason}" for library in report.missing]
+        failures += [f"{library.device}: {library.unsafe}" for library in report.unsafe]
+        super().__init__(f"YOSO_KERNELS=require and YOSO's kernels failed to build: {'; '.join(failures)}")
         self.report = report
 
 
@@ -190,6 +207,49 @@ def _load(library: Library, sources: list[Path], verbose: bool, extra_flags: lis
         library.reason = f"{type(error).__name__}: {error}".strip()
         return
     library.loaded, library.path = True, str(path)
+    library.unsafe = private_cpp_runtime(Path(path))
+
+
+def needed_libraries(path: Path) -> list[str] | None:
+    """The shared libraries an ELF64 little-endian file depends on (its DT_NEEDED entries), or None
+    for any other format (macOS's Mach-O)."""
+    data = path.read_bytes()
+    if data[:6] != b"\x7fELF\x02\x01":
+        return None
+    (section_offset,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count = struct.unpack_from("<HH", data, 0x3A)
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize) per section
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
+    needed = []
+    for section in sections:
+        if section[1] != 6:  # SHT_DYNAMIC: (tag, value) pairs; its link is the string table
+            continue
+        strings = sections[section[6]][4]
+        for offset in range(section[4], section[4] + section[5], 16):
+            tag, value = struct.unpack_from("<qQ", data, offset)
+            if tag == 0:  # DT_NULL ends the table
+                break
+            if tag == 1:  # DT_NEEDED: an offset into the string table
+                end = data.index(b"\0", strings + value)
+                needed.append(data[strings + value : end].decode())
+    return needed
+
+
+def private_cpp_runtime(path: Path) -> str | None:
+    """Why the errors that the library at ``path`` raises are broken, or None.
+
+    A C++ library linked against the shared ``libstdc++`` (or ``libc++``) shares torch's; one that
+    depends on neither carries a static copy whose iostreams do not share torch's locale, so
+    formatting a number into an error message (``TORCH_CHECK``) crashes or truncates it."""
+    needed = needed_libraries(path)
+    if needed is None or any(name.startswith(("libstdc++", "libc++")) for name in needed):
+        return None
+    return (
+        f"it links its own static copy of the C++ standard library (no libstdc++.so among its dependencies), so its "
+        f"first error crashes the process instead of raising; the compiler {os.environ.get('CXX', 'c++')} "
+        "(from CXX) links libstdc++ statically: set CXX to one that links it dynamically (e.g. CXX=/usr/bin/g++) "
+        "and rebuild with `python -m yoso_cuda`"
+    )
 
 
 def _cuda_archs() -> str:
@@ -255,6 +315,6 @@ def build(verbose: bool = False) -> BuildReport:
     report.cpu.wanted = True
     _load(report.cpu, [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp"], verbose, _openmp_flags())
     _build_cuda(report, verbose)
-    if report.setting == "require" and report.missing:
+    if report.setting == "require" and (report.missing or report.unsafe):
         raise KernelBuildError(report)
     return report

@@ -196,6 +196,9 @@ def run_check(report: BuildReport) -> tuple[list[str], bool]:
         if library.device not in devices:  # a wanted library for a device not present here (CI compiling CUDA)
             lines.append(f"{library.device:<5} {'kernel library':<42} FAIL  not built: {library.reason}")
             passed = False
+    for library in report.unsafe:
+        lines.append(f"{library.device:<5} {'kernel library':<42} FAIL  unsafe: {library.unsafe}")
+        passed = False
     for device in devices:
         library = getattr(report, device)
         if not library.loaded:

@@ -50,6 +50,8 @@ def kernels() -> BuildReport:
             "CUDA, with CUDA_HOME), then run `python -m yoso_cuda` to see what was built and why not.",
             stacklevel=3,
         )
+    for library in report.unsafe:
+        warnings.warn(f"YOSO's {library.device} kernels are unsafe: {library.unsafe}", stacklevel=3)
     return report
 
 

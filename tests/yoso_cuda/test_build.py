@@ -244,3 +244,37 @@ def test_without_a_compiler_import_works_and_yoso_runs_on_the_reference(tmp_path
     assert "cpu kernels: False finite: True" in stdout, stderr[-2000:]
     assert stderr.count("YOSO's compiled kernels are unavailable") == 1
     assert "python -m yoso_cuda" in stderr
+
+
+def test_the_built_library_shares_torchs_cpp_runtime():
+    report = ops.kernels()
+    if not report.cpu.loaded or not sys.platform.startswith("linux"):
+        pytest.skip("needs the CPU kernels built on Linux")
+    needed = build.needed_libraries(Path(report.cpu.path))
+    assert "libc10.so" in needed and any(name.startswith(("libstdc++", "libc++")) for name in needed), needed
+    assert report.cpu.unsafe is None and build.private_cpp_runtime(Path(report.cpu.path)) is None
+    assert build.needed_libraries(Path(__file__)) is None  # not an ELF file
+
+
+@pytest.mark.slow
+def test_a_compiler_that_links_libstdcxx_statically_makes_the_library_unsafe(tmp_path):
+    """The lent H100 machine's CXX wrapper linked libstdc++ statically: every error the kernels
+    raised segfaulted. Here a wrapper adding -static-libstdc++ builds such a library for real."""
+    if shutil.which("c++") is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs a C++ compiler on Linux")
+    wrapper = tmp_path / "static-cxx"
+    wrapper.write_text('#!/bin/sh\nexec c++ "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(wrapper), "YOSO_KERNELS": "cpu"}
+    process = run_module(env)
+    if "cpu kernels: loaded" not in process.stdout:
+        pytest.skip(f"this compiler cannot link libstdc++ statically: {process.stdout[-2000:]}")
+    assert process.returncode == 1, process.stdout
+    line = next(line for line in process.stdout.splitlines() if line.startswith("cpu kernels:"))
+    assert "UNSAFE: it links its own static copy of the C++ standard library" in line
+    assert f"the compiler {wrapper} (from CXX) links libstdc++ statically" in line and "CXX=/usr/bin/g++" in line
+
+    stdout, stderr = run_python("from yoso_cuda import ops; ops.kernels()", {**env, "YOSO_KERNELS": "require"}).communicate(
+        timeout=300
+    )
+    assert "KernelBuildError: YOSO_KERNELS=require and YOSO's kernels failed to build: cpu: it links its own" in stderr
