@@ -140,6 +140,7 @@ def fit_and_test(
     checkpoint = trainer.checkpoint_callback
     if not isinstance(checkpoint, ModelCheckpoint):
         raise ValueError("the callbacks must include a ModelCheckpoint (callbacks.checkpoint): its best checkpoint is tested")
+    results.reset_peak_memory(trainer.strategy.root_device)
     with without_known_warnings():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not checkpoint.best_model_path:
