@@ -142,6 +142,42 @@ def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
     return adjusted
 
 
+def check_task(task: DictConfig) -> None:
+    """Validate the task's lengths before any data is read: the model's ``seq_len`` and the tokens
+    ``data.max_length`` keeps per sequence, which must fit in it (nothing is cut silently)."""
+    for key in ("seq_len", "data.max_length"):
+        value = OmegaConf.select(task, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"task.{key} must be a positive whole number of tokens, got {value!r}")
+    if task.data.max_length > task.seq_len:
+        raise ValueError(
+            f"task.seq_len={task.seq_len} is shorter than task.data.max_length={task.data.max_length}, so the model "
+            f"would not see the end of the longer sequences; set task.seq_len to at least {task.data.max_length} "
+            f"or task.data.max_length to at most {task.seq_len}"
+        )
+
+
+def unknown_hparam_overrides(overrides: list[str]) -> str | None:
+    """The error for ``attention.hparams.KEY=VALUE`` overrides whose KEY the chosen attention(s) lack.
+
+    Hydra would refuse them with "Key 'KEY' is not in struct" and no list of what is valid; this
+    names the attention and its hyperparameters with their defaults (attention_zoo's message)."""
+    plain = [o.split("=", 1)[0] for o in overrides if o.startswith("attention.hparams.") and "=" in o]
+    if not plain:
+        return None
+    choices = [o.split("=", 1)[1] for o in overrides if o.startswith("attention=")]
+    for choice in choices[-1].split(",") if choices else [None]:
+        cfg = config.compose([f"attention={choice}"] if choice else [])
+        unknown = sorted({key.removeprefix("attention.hparams.").split(".")[0] for key in plain} - set(cfg.attention.hparams))
+        if unknown:
+            preset = choice or cfg.attention.name
+            try:
+                attention_zoo.make_config(cfg.attention.name, **dict.fromkeys(unknown))
+            except ValueError as error:
+                return f"attention={preset}: {error}"
+    return None
+
+
 def defining_config(cfg: DictConfig, stage: str = "classification") -> dict[str, Any]:
     """The settings that determine a run's result (not where it writes or on which device)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -241,6 +277,7 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
     }
     start = time.perf_counter()
     try:
+        check_task(cfg.task)
         adjusted = check_protocol(cfg.task.protocol)
         if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
             raise ValueError(
@@ -346,4 +383,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if problem := unknown_hparam_overrides(sys.argv[1:]):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

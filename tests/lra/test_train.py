@@ -118,14 +118,32 @@ def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
         ("attention.hparams.dropout=abc", "hyperparameter 'dropout' of attention 'softmax' must be float", "TypeError"),
         ("attention.hparams.dropout=2.0", "dropout must be in [0, 1), got 2.0", "ValueError"),
         ("task.protocol.max_steps=ten", "task.protocol.max_steps must be int, got 'ten'", "TypeError"),
+        ("task.seq_len=-5", "task.seq_len must be a positive whole number of tokens, got -5", "ValueError"),
+        ("task.seq_len=0", "task.seq_len must be a positive whole number of tokens, got 0", "ValueError"),
+        ("task.seq_len=20", "task.seq_len=20 is shorter than task.data.max_length=", "ValueError"),
     ],
-    ids=["unknown", "ill-typed", "bad-value", "ill-typed-protocol"],
+    ids=["unknown", "ill-typed", "bad-value", "ill-typed-protocol", "negative-length", "zero-length", "truncating-length"],
 )
 def test_a_configuration_error_is_one_clear_message_and_a_failed_record(tmp_path, run_train, override, message, exception):
     process = run_train(override, check=False)
     assert_one_clear_message(process, message, exception)
     if "dropuot" in override:
         assert "dropout: float = 0.1" in process.stderr  # the valid keys and their defaults
+
+
+@pytest.mark.parametrize(
+    "attention, first_refusing, valid",
+    [(None, "softmax", "dropout: float = 0.1"), ("yoso_32,softmax", "yoso_32", "num_hashes: int = 32")],
+    ids=["default", "sweep"],
+)
+def test_an_unknown_hyperparameter_without_plus_lists_the_valid_ones(tmp_path, run_train, attention, first_refusing, valid):
+    """Hydra alone answers "Key 'dropuot' is not in struct"; the user needs the valid keys."""
+    flags = ("-m", f"attention={attention}") if attention else ()
+    process = run_train("attention.hparams.dropuot=0.2", flags=flags, check=False)
+    assert process.returncode == 2
+    assert process.stderr.startswith(f"error: attention={first_refusing}: unknown hyperparameter(s) ['dropuot'] for attention")
+    assert valid in process.stderr and "Traceback" not in process.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before any run starts
 
 
 @pytest.mark.slow
