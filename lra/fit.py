@@ -24,7 +24,14 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from . import results
 from .callbacks import steps_per_second
 from .datamodule import LRADataModule
-from .module import LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model, load_pretrained_encoder
+from .module import (
+    LRAClassificationModule,
+    LRAMaskedLMModule,
+    compile_backend,
+    compile_model,
+    load_pretrained_encoder,
+    read_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -68,8 +75,8 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The global step a Lightning checkpoint was saved at."""
-    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+    """The global step a Lightning checkpoint was saved at (read safely: :func:`read_checkpoint`)."""
+    return read_checkpoint(path)["global_step"]
 
 
 def fit_and_test(
@@ -121,7 +128,8 @@ def fit_and_test(
         compile_model(module, compile_with)
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
-    resume = {"resume_step": checkpoint_step(resume_from)} if resume_from and "resume_step" in cfg.logger else {}
+    resume_step = checkpoint_step(resume_from) if resume_from else None  # read safely before Lightning unpickles it
+    resume = {"resume_step": resume_step} if resume_from and "resume_step" in cfg.logger else {}
     logger = instantiate(cfg.logger, "the logger", **resume)
     trainer = pl.Trainer(
         **trainer_args,
@@ -145,6 +153,7 @@ def fit_and_test(
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
+    best_val_step = checkpoint_step(Path(checkpoint.best_model_path))  # read safely before Lightning tests it
     # What actually ran (the strategy may differ from what the config asked for).
     device, steps, world_size = trainer.strategy.root_device, trainer.global_step, trainer.world_size
     if trainer.world_size > 1:
@@ -174,7 +183,7 @@ def fit_and_test(
         "steps_per_second": steps_per_second(callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
         "processes": world_size,
         "best_val_acc": float(checkpoint.best_model_score),
-        "best_val_step": checkpoint_step(Path(checkpoint.best_model_path)),
+        "best_val_step": best_val_step,
         "test_acc": test_metrics["test/acc"],
         "test_loss": test_metrics["test/loss"],
         "best_checkpoint": str(checkpoint.best_model_path),

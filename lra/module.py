@@ -11,6 +11,7 @@ so its parameters and checkpoints keep their names.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -230,13 +231,29 @@ class LRAMaskedLMModule(LRAModule):
         return masked_prediction_loss(logits, labels), logits.flatten(0, 1), labels.flatten()
 
 
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain data only.
+
+    Unpickling anything else (a class, a function) can run arbitrary code, so a checkpoint that
+    holds more is refused with one message and nothing in it runs. Every checkpoint the harness
+    resumes from, tests or starts from passes through here before Lightning reads it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"refused to load the checkpoint {path}: it holds more than tensors and plain data ({reason}), and "
+            "unpickling that could run code. Use checkpoints this harness wrote; delete this one to start the run afresh"
+        ) from None
+
+
 def load_pretrained_encoder(module: LRAClassificationModule, checkpoint: Path) -> None:
     """Start ``module``'s encoder from a pretraining checkpoint (an :class:`LRAMaskedLMModule`'s); the head stays fresh.
 
     The checkpoint must come from the same task, length, model and attention; anything else is one
     error naming what differs. The pretraining's mask-token embedding is dropped.
     """
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    saved = read_checkpoint(checkpoint)
     pretrained_settings = saved.get("hyper_parameters", {})
     differs = [key for key in MODEL_DEFINING if pretrained_settings.get(key) != module.hparams[key]]
     if differs:
