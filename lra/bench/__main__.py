@@ -1,13 +1,20 @@
-"""``python -m lra.bench {kernels,efficiency,train,approx,gpu} [options]``: run one benchmark; each takes ``--help``.
-``train`` times the LRA model's full training step per task and attention (:mod:`lra.bench.train`); ``gpu`` runs
+"""``python -m lra.bench {kernels,efficiency,train,approx,gpu,pathfinder_cnn} [options]``: run one benchmark; each takes
+``--help``. ``train`` times the LRA model's full training step per task and attention (:mod:`lra.bench.train`); ``gpu`` runs
 YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`)."""
 
 import argparse
 import sys
 
-from . import approx, efficiency, gpu, kernels, train
+from . import approx, efficiency, gpu, kernels, pathfinder_cnn, train
 
-BENCHMARKS = {"kernels": kernels, "efficiency": efficiency, "train": train, "approx": approx, "gpu": gpu}
+BENCHMARKS = {
+    "kernels": kernels,
+    "efficiency": efficiency,
+    "train": train,
+    "approx": approx,
+    "gpu": gpu,
+    "pathfinder_cnn": pathfinder_cnn,
+}
 
 
 def parser() -> argparse.ArgumentParser:
