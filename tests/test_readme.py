@@ -118,6 +118,12 @@ RULES = [
         why="two attentions on a small ListOps (the full grid takes an hour)",
     ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
+    Rule(
+        r"^python -m lra\.bench pathfinder_cnn",
+        append=("--contour-lengths", "6", "--num-images", "100", "--steps", "4", "--eval-every", "2", "--batch-size", "16")
+        + ("--generated-dir", "generated", "--quiet", "--out", "bench"),
+        why="100 generated images of contour length 6, four steps (the three lengths take half an hour)",
+    ),
     Rule(r"^python -m lra\.bench", why="as written"),
     Rule(r"^python -m yoso_cuda$", why="loads the kernels built before the tests (.ci/run builds them)"),
     Rule(r"^python -m yoso_cuda --check$", why="every compiled op against the reference on this machine's devices"),
