@@ -9,6 +9,8 @@ logger from ``conf/logger``; the protocol adds the number of steps and the evalu
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,6 +74,26 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
         if isinstance(error.__cause__, ModuleNotFoundError | ImportError):
             raise RuntimeError(f"{what} ({node._target_}) needs a package that is not installed: {error.__cause__}") from None
         raise
+
+
+@contextmanager
+def sigterm_as_ctrl_c():
+    """Handle SIGTERM (a preempted or cancelled job) as Ctrl+C: Lightning then stops at once and the
+    on_interrupt callback saves last.ckpt at the step reached. Lightning's own SIGTERM path stops
+    mid-step instead, and a run resumed from that checkpoint evaluated one step late (at 50, 75, 100
+    instead of 49, 74, 99 in tests/lra/test_train.py). Lightning calls this handler after its own."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -149,7 +171,7 @@ def fit_and_test(
     if not isinstance(checkpoint, ModelCheckpoint):
         raise ValueError("the callbacks must include a ModelCheckpoint (callbacks.checkpoint): its best checkpoint is tested")
     results.reset_peak_memory(trainer.strategy.root_device)
-    with without_known_warnings():
+    with without_known_warnings(), sigterm_as_ctrl_c():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")

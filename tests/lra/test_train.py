@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lra import config
 
 RESULT_KEYS = {
     "task",
@@ -241,6 +246,49 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
     assert metrics.dropna(subset=["train/loss"])["step"].tolist() == list(range(4, 100, 5))
     # train.log is appended to: an evaluation logged after the checkpoint and before the kill appears twice.
     assert sorted(set(train_log_evaluations(path.parent))) == list(range(5, 101, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"], ids=["ctrl-c", "preempted"])
+def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides, signal_name):
+    """Ctrl+C or SIGTERM between evaluations saves last.ckpt at the step reached (the callback
+    on_interrupt, Lightning's OnExceptionCheckpoint), and the resumed run continues from there.
+
+    The resumed weights cannot equal an uninterrupted run's bitwise: the resume starts its epoch's
+    data afresh (the loader has no saved position) and the dropout generator's state is not in the
+    checkpoint. So the test checks the steps and the evaluations instead."""
+    overrides = [*tiny_overrides, "task.protocol.max_steps=100", "task.protocol.val_check_interval=25"]
+    env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+    command = [sys.executable, "-m", "lra.train", *overrides]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while 25 not in train_log_evaluations_under(tmp_path / "outputs") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(getattr(signal, signal_name))
+    output, _ = process.communicate(timeout=120)
+    (path,) = results_files(tmp_path)
+    assert json.loads(path.read_text())["status"] == "interrupted", output[-3000:]
+    assert "Interrupted: running the same command again resumes from" in output
+    reached = torch.load(path.parent / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 25 <= reached < 100
+
+    resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["steps"] == 100 and record["resumed_from"].endswith("last.ckpt")
+    metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
+    assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [24, 49, 74, 99]
+
+
+def test_every_run_saves_last_ckpt_on_an_interruption_where_it_resumes():
+    callbacks = OmegaConf.to_container(config.compose().callbacks, resolve=False)
+    (on_interrupt,) = (node for node in callbacks.values() if node["_target_"].endswith(".OnExceptionCheckpoint"))
+    assert on_interrupt["filename"] == "last" and on_interrupt["dirpath"] == callbacks["checkpoint"]["dirpath"]
+
+
+def train_log_evaluations_under(outputs):
+    logs = list(outputs.rglob("train.log"))
+    return train_log_evaluations(logs[0].parent) if logs else []
 
 
 def train_log_evaluations(folder):
