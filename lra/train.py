@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 import time
 from importlib.metadata import version
@@ -59,6 +60,8 @@ WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its war
 DATA_PATH_KEYS = ("source_dir", "cache_dir", "generated_dir")
 PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
 PRETRAINING = "pretraining"  # the stage of a pretraining run (its record's "stage")
+HISTORY = "history"  # a run folder's earlier finished runs, moved there by rerun=true
+RUN_FILES = ("checkpoints", "metrics", "tensorboard", "wandb")  # what a run writes besides results.json and train.log
 
 config.register()  # before @hydra.main composes: the attention_zoo group and the resolvers
 
@@ -176,6 +179,21 @@ def unknown_hparam_overrides(overrides: list[str]) -> str | None:
             except ValueError as error:
                 return f"attention={preset}: {error}"
     return None
+
+
+def archive_finished_run(output_dir: Path, previous: dict[str, Any]) -> Path:
+    """Move a finished run's record, checkpoints and logged metrics to ``history/<finished_at>/`` so
+    that ``rerun=true`` starts afresh and nothing is lost. The record is kept as ``record.json``
+    (``lra.table`` collects every ``results.json``, and an earlier run must not count twice);
+    train.log goes on, appended to."""
+    stamp = str(previous.get("finished_at", "unknown")).replace(":", "").replace("+0000", "Z")
+    target = output_dir / HISTORY / stamp
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.move(output_dir / results.RESULTS_FILE, target / "record.json")
+    for name in RUN_FILES:
+        if (output_dir / name).exists():
+            shutil.move(output_dir / name, target / name)
+    return target
 
 
 def defining_config(cfg: DictConfig, stage: str = "classification") -> dict[str, Any]:
@@ -298,8 +316,16 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         previous = results.read(results_path)
         same_config = previous is not None and previous.get("config_hash") == record["config_hash"]
         if same_config and previous.get("status") == "finished":
-            log.info("Skipping: %s already holds a finished run of this configuration (%s)", results_path, record["config_hash"])
-            return previous
+            if not cfg.get("rerun", False):
+                log.info(
+                    "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it "
+                    "again (for example with another logger), which moves the earlier run's files to %s",
+                    results_path,
+                    record["config_hash"],
+                    output_dir / HISTORY,
+                )
+                return previous
+            log.info("Rerunning: the earlier run's files moved to %s", archive_finished_run(output_dir, previous))
         last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
         resume_from = last_checkpoint if same_config and last_checkpoint.is_file() else None
         attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])

@@ -72,6 +72,30 @@ def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path, run_train):
 
 
 @pytest.mark.slow
+def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp_path, run_train):
+    """After the quick start, a recipe that changes only where a run reports (logger=tensorboard)
+    finds the finished run: it is skipped with a message naming rerun=true, which runs it again."""
+    run_train()
+    (path,) = results_files(tmp_path)
+    first = json.loads(path.read_text())
+
+    skipped = run_train("logger=tensorboard")
+    assert "add rerun=true to run it again" in skipped.stdout + skipped.stderr
+    assert not (path.parent / "tensorboard").exists()
+
+    run_train("logger=tensorboard", "rerun=true")
+    assert results_files(tmp_path) == [path], "the same folder: rerun is not part of the run's identity"
+    second = json.loads(path.read_text())
+    assert second["status"] == "finished" and second["started_at"] > first["finished_at"]
+    assert "resumed_from" not in second, "a rerun starts afresh, not from the earlier run's last.ckpt"
+    assert list((path.parent / "tensorboard").rglob("events.out.tfevents.*"))
+    (archived,) = (path.parent / "history").iterdir()
+    assert json.loads((archived / "record.json").read_text()) == first
+    assert Path(first["best_checkpoint"]).name in [p.name for p in (archived / "checkpoints").iterdir()]
+    assert (archived / "metrics" / "metrics.csv").is_file() and Path(second["best_checkpoint"]).is_file()
+
+
+@pytest.mark.slow
 def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
     # yoso_32 and yoso_e are two presets of one registered attention: each needs its own folder.
     run_train("attention=softmax,yoso_32,yoso_e", flags=["-m"])
