@@ -96,6 +96,15 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
 
 
 @pytest.mark.slow
+def test_a_data_folder_override_does_not_name_the_run_folder(tmp_path, run_train):
+    """A path in the folder name nested the run folders (outputs/listops/softmax/task.data.generated_dir=/tmp/...)."""
+    run_train(f"task.data.generated_dir={tmp_path / 'elsewhere'}")
+    (path,) = results_files(tmp_path)
+    assert path.parent.parent == tmp_path / "outputs" / "listops" / "softmax" and "generated_dir" not in path.parent.name
+    assert list((tmp_path / "elsewhere").iterdir()), "the data went where the override said"
+
+
+@pytest.mark.slow
 def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
     # yoso_32 and yoso_e are two presets of one registered attention: each needs its own folder.
     run_train("attention=softmax,yoso_32,yoso_e", flags=["-m"])
