@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.trainer.states import TrainerFn
 
 
 class TrainingSpeed(Callback):
@@ -62,3 +64,21 @@ def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
         if isinstance(callback, TrainingSpeed) and callback.steps_per_second is not None:
             return round(callback.steps_per_second, 4)
     return None
+
+
+class CheckpointOnInterrupt(Callback):
+    """Save ``<dirpath>/last.ckpt`` at the step reached when training stops on an exception: Ctrl+C,
+    SIGTERM (which :func:`lra.fit.sigterm_as_ctrl_c` turns into Ctrl+C) or an error, so the resume
+    loses no steps. Only while fitting: an error in testing must not overwrite last.ckpt with the
+    best checkpoint's weights.
+
+    Lightning's own ``OnExceptionCheckpoint`` does the same saving, but its presence makes every
+    ``fit`` without a checkpoint resume from "last" on its own, which would bypass the run's own
+    decision (lra.train resumes only a run of the same configuration)."""
+
+    def __init__(self, dirpath: str, filename: str = "last") -> None:
+        self.path = Path(dirpath) / f"{filename}.ckpt"
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            trainer.save_checkpoint(self.path, weights_only=False)

@@ -79,9 +79,10 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
 @contextmanager
 def sigterm_as_ctrl_c():
     """Handle SIGTERM (a preempted or cancelled job) as Ctrl+C: Lightning then stops at once and the
-    on_interrupt callback saves last.ckpt at the step reached. Lightning's own SIGTERM path stops
-    mid-step instead, and a run resumed from that checkpoint evaluated one step late (at 50, 75, 100
-    instead of 49, 74, 99 in tests/lra/test_train.py). Lightning calls this handler after its own."""
+    on_interrupt callback (lra.callbacks.CheckpointOnInterrupt) saves last.ckpt at the step reached.
+    Lightning's own SIGTERM path stops mid-step instead, and a run resumed from that checkpoint
+    evaluated one step late (at 50, 75, 100 instead of 49, 74, 99 in tests/lra/test_train.py).
+    Lightning calls this handler after its own."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")

@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,10 @@ def quiet_library_noise() -> None:
 
     Called once the run's logging is configured. Silenced: Lightning's advertisement for its cloud
     logger, and torch's note that no CUDA runtime is found, printed when YOSO's kernels are loaded
-    on a CPU-only machine (the kernels report what they built themselves). Lightning's warnings
-    about the protocol's deliberate choices are silenced around training only (:mod:`lra.fit`).
+    on a CPU-only machine (the kernels report what they built themselves), and, where SLURM is
+    installed, Lightning's hint (twice per run) to start training with srun: runs reach SLURM through
+    Hydra's submitit launcher, whose jobs use srun. Lightning's warnings about the protocol's
+    deliberate choices are silenced around training only (:mod:`lra.fit`).
     """
     for name in ("pytorch_lightning", "lightning_fabric"):
         # Lightning gives itself a console handler when imported before logging is configured;
@@ -95,6 +98,7 @@ def quiet_library_noise() -> None:
         library_logger.propagate = True
     logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(not_an_advertisement)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
 def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:

@@ -285,7 +285,7 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"], ids=["ctrl-c", "preempted"])
 def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides, signal_name):
     """Ctrl+C or SIGTERM between evaluations saves last.ckpt at the step reached (the callback
-    on_interrupt, Lightning's OnExceptionCheckpoint), and the resumed run continues from there.
+    on_interrupt, lra.callbacks.CheckpointOnInterrupt), and the resumed run continues from there.
 
     The resumed weights cannot equal an uninterrupted run's bitwise: the resume starts its epoch's
     data afresh (the loader has no saved position) and the dropout generator's state is not in the
@@ -315,7 +315,7 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
 
 def test_every_run_saves_last_ckpt_on_an_interruption_where_it_resumes():
     callbacks = OmegaConf.to_container(config.compose().callbacks, resolve=False)
-    (on_interrupt,) = (node for node in callbacks.values() if node["_target_"].endswith(".OnExceptionCheckpoint"))
+    (on_interrupt,) = (node for node in callbacks.values() if node["_target_"] == "lra.callbacks.CheckpointOnInterrupt")
     assert on_interrupt["filename"] == "last" and on_interrupt["dirpath"] == callbacks["checkpoint"]["dirpath"]
 
 
