@@ -185,6 +185,20 @@ def unknown_hparam_overrides(overrides: list[str]) -> str | None:
     return None
 
 
+def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
+    """A finished run of this configuration among the committed records (``paths.runs_dir``, which
+    ``lra.table --collect`` fills), so that a sweep resumed in a fresh checkout, whose outputs/ is
+    gone, skips what earlier sittings finished and committed."""
+    runs_dir = Path(cfg.paths.get("runs_dir") or "")
+    if not cfg.paths.get("runs_dir") or not runs_dir.is_dir():
+        return None
+    for path in sorted(runs_dir.glob(f"{cfg.task.name}__*.json")):
+        record = results.read(path)
+        if record and record.get("config_hash") == config_hash and record.get("status") == "finished":
+            return path
+    return None
+
+
 def archive_finished_run(output_dir: Path, previous: dict[str, Any]) -> Path:
     """Move a finished run's record, checkpoints and logged metrics to ``history/<finished_at>/`` so
     that ``rerun=true`` starts afresh and nothing is lost. The record is kept as ``record.json``
@@ -319,6 +333,14 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         )
         previous = results.read(results_path)
         same_config = previous is not None and previous.get("config_hash") == record["config_hash"]
+        committed = None if same_config or cfg.get("rerun", False) else committed_run(cfg, record["config_hash"])
+        if committed is not None:
+            log.info(
+                "Skipping: %s holds a finished run of this configuration (%s), committed; add rerun=true to run it again",
+                committed,
+                record["config_hash"],
+            )
+            return results.read(committed)
         if same_config and previous.get("status") == "finished":
             if not cfg.get("rerun", False):
                 log.info(

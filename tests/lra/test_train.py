@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,24 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
     assert json.loads((archived / "record.json").read_text()) == first
     assert Path(first["best_checkpoint"]).name in [p.name for p in (archived / "checkpoints").iterdir()]
     assert (archived / "metrics" / "metrics.csv").is_file() and Path(second["best_checkpoint"]).is_file()
+
+
+@pytest.mark.slow
+def test_a_run_committed_under_results_runs_is_not_run_again_in_a_fresh_checkout(tmp_path, run_train):
+    """A sweep resumed in a new sitting has lost outputs/; the committed records say what is done."""
+    run_train()
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    runs = tmp_path / "results" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "listops__softmax__smoke__seed0__x.json").write_text(json.dumps(record))
+    shutil.rmtree(tmp_path / "outputs")
+
+    again = run_train()
+    assert "holds a finished run of this configuration" in again.stdout + again.stderr and "committed" in again.stderr
+    assert not (tmp_path / "outputs").exists() or not results_files(tmp_path)
+    another_seed = run_train("seed=1")
+    assert "Skipping" not in another_seed.stdout + another_seed.stderr and len(results_files(tmp_path)) == 1
 
 
 @pytest.mark.slow
