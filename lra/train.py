@@ -174,7 +174,10 @@ def unknown_hparam_overrides(overrides: list[str]) -> str | None:
         return None
     choices = [o.split("=", 1)[1] for o in overrides if o.startswith("attention=")]
     for choice in choices[-1].split(",") if choices else [None]:
-        cfg = config.compose([f"attention={choice}"] if choice else [])
+        try:
+            cfg = config.compose([f"attention={choice}"] if choice else [])
+        except Exception:  # an unknown attention, say: Hydra's own run reports it
+            return None
         unknown = sorted({key.removeprefix("attention.hparams.").split(".")[0] for key in plain} - set(cfg.attention.hparams))
         if unknown:
             preset = choice or cfg.attention.name

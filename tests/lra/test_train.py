@@ -161,10 +161,11 @@ def test_missing_release_folder_is_a_clear_error(tmp_path, run_train):
 
 @pytest.mark.slow
 def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
-    process = run_train("attention=sofmax", check=False)
-    assert process.returncode != 0
-    assert "attention/sofmax" in process.stderr
-    assert "softmax" in process.stderr and "none" in process.stderr
+    for extra in ((), ("attention.hparams.dropout=0.2",)):
+        process = run_train("attention=sofmax", *extra, check=False)
+        assert process.returncode != 0
+        assert "attention/sofmax" in process.stderr and "Traceback" not in process.stderr
+        assert "softmax" in process.stderr and "none" in process.stderr
 
 
 @pytest.mark.slow
