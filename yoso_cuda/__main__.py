@@ -6,6 +6,7 @@ missing or a check fails."""
 from __future__ import annotations
 
 import argparse
+import logging
 import platform
 import sys
 import time
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare every compiled op with the reference")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # "Building YOSO's ... kernels" on a first build
     print(f"python {platform.python_version()}, torch {torch.__version__}, torch CUDA {torch.version.cuda}")
     print(f"CUDA toolkit: {cuda_toolkit() or 'not found'}; GPUs visible: {torch.cuda.device_count()}")
     start = time.perf_counter()

@@ -270,6 +270,7 @@ def test_a_compiler_that_links_libstdcxx_statically_makes_the_library_unsafe(tmp
     if "cpu kernels: loaded" not in process.stdout:
         pytest.skip(f"this compiler cannot link libstdc++ statically: {process.stdout[-2000:]}")
     assert process.returncode == 1, process.stdout
+    assert "Building YOSO's cpu kernels (once, until their sources change" in process.stderr  # a first build says so
     line = next(line for line in process.stdout.splitlines() if line.startswith("cpu kernels:"))
     assert "UNSAFE: it links its own static copy of the C++ standard library" in line
     assert f"the compiler {wrapper} (from CXX) links libstdc++ statically" in line and "CXX=/usr/bin/g++" in line
@@ -278,3 +279,16 @@ def test_a_compiler_that_links_libstdcxx_statically_makes_the_library_unsafe(tmp
         timeout=300
     )
     assert "KernelBuildError: YOSO_KERNELS=require and YOSO's kernels failed to build: cpu: it links its own" in stderr
+
+
+def test_a_library_older_than_a_source_or_header_needs_compiling(tmp_path):
+    library = tmp_path / "lib.so"
+    source = tmp_path / "a.cpp"
+    source.write_text("")
+    assert build.needs_compiling(library, [source])  # missing
+    library.write_bytes(b"")
+    newest_input = max(path.stat().st_mtime for path in [source, *build.SOURCES.glob("*.h")])
+    os.utime(library, (newest_input + 10, newest_input + 10))
+    assert not build.needs_compiling(library, [source])
+    os.utime(source, (newest_input + 20, newest_input + 20))
+    assert build.needs_compiling(library, [source])
