@@ -219,14 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--generated-dir", type=Path, default=Path("data/generated"), help="where images are generated/reused")
     parser.add_argument("--steps", type=int, default=3000, help="training steps per contour length")
     parser.add_argument("--minutes", type=float, default=None, help="also stop a contour length after this many minutes")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=64, help="training images per step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
     parser.add_argument("--eval-every", type=int, default=250, help="steps between scorings of the validation split")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and batch order")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--workers", type=int, default=1, help="processes that generate and decode images")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of pathfinder_cnn.csv and .png")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no generation progress and no line per evaluation or test")
     return parser
 
 
