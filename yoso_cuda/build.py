@@ -252,7 +252,7 @@ def private_cpp_runtime(path: Path) -> str | None:
         return None
     return (
         f"it links its own static copy of the C++ standard library (no libstdc++.so among its dependencies), so its "
-        f"first error crashes the process instead of raising; the compiler {os.environ.get('CXX', 'c++')} "
+        f"errors crash the process or lose their message; the compiler {os.environ.get('CXX', 'c++')} "
         "(from CXX) links libstdc++ statically: set CXX to one that links it dynamically (e.g. CXX=/usr/bin/g++) "
         "and rebuild with `python -m yoso_cuda`"
     )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from lra import results
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 # glibc's defaults, and the ceiling its dynamic mmap threshold rises to on 64-bit (trimming at twice it).
 DEFAULT_TRIM_THRESHOLD, STEADY_MMAP_THRESHOLD = 128 * 2**10, 32 * 2**20
@@ -66,13 +68,7 @@ class MemoryMeter:
         return proc_status_mb("VmRSS")
 
     def reset_peak(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        try:  # "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0)
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
+        results.reset_peak_memory(self.device)
 
     def peak_above_baseline(self) -> float:
         if self.device.type == "cuda":
