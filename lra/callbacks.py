@@ -9,7 +9,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
 
@@ -82,3 +82,36 @@ class CheckpointOnInterrupt(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             trainer.save_checkpoint(self.path, weights_only=False)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """One training bar over the run's steps (``max_steps``), where Lightning's bar restarts every epoch.
+
+    A resumed run's bar starts at the step reached and its rate and time left count this process's steps
+    only (Lightning's jumps from 0 to the resumed batch in its first update, so the rate it shows is that
+    jump). The bar's rate is over wall time, evaluations included, which is what the time left needs;
+    ``train/steps_per_s`` beside it is the training steps' own (:class:`TrainingSpeed`).
+    """
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        bar = self.train_progress_bar
+        bar.reset(total=trainer.max_steps if trainer.max_steps > 0 else None)
+        bar.n = bar.last_print_n = bar.initial = trainer.global_step  # tqdm's rate is (n - initial) / elapsed
+        bar.unit = "step"
+        bar.set_description("Training")
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+        pass  # one bar for the whole run: nothing restarts at an epoch's end
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bar = self.train_progress_bar
+        if self._should_update(trainer.global_step, bar.total) and not bar.disable:
+            bar.n = trainer.global_step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes the bar
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))

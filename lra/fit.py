@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from . import results
 from .callbacks import steps_per_second
@@ -107,10 +107,13 @@ def fit_and_test(
     output_dir: Path,
     resume_from: Path | None,
     world_size: int,
+    headline: str,
     stage: str = "classification",
     init_from: Path | None = None,
 ) -> dict[str, Any]:
     """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record.
+
+    ``headline`` (the cell, its protocol and its folder) is logged with the model's parameter count, once built.
 
     ``stage`` ``pretraining`` trains ``cfg.pretrain``'s objective (masked prediction) instead of the
     classifier; ``init_from`` is a pretraining checkpoint the classifier's encoder starts from.
@@ -147,9 +150,13 @@ def fit_and_test(
         module = LRAClassificationModule(**settings)
         if init_from is not None:
             load_pretrained_encoder(module, init_from)
+    num_parameters = sum(p.numel() for p in module.parameters())
+    log.info("%s, %s parameters", headline, f"{num_parameters:,}")
     if compile_with is not None:
         compile_model(module, compile_with)
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
+    if not cfg.trainer.enable_progress_bar:  # Lightning refuses a progress bar callback it was told not to show
+        callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
     resume_step = checkpoint_step(resume_from) if resume_from else None  # read safely before Lightning unpickles it
     resume = {"resume_step": resume_step} if resume_from and "resume_step" in cfg.logger else {}
@@ -201,7 +208,7 @@ def fit_and_test(
         "data_folder": str(datamodule.task_data.folder),
         "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
         "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
-        "num_parameters": sum(p.numel() for p in module.parameters()),
+        "num_parameters": num_parameters,
         "steps": steps,
         "steps_per_second": steps_per_second(callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
         "processes": world_size,

@@ -369,14 +369,8 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
                 "the protocol's batch is the total over all devices"
             )
         write(results_path, record)
-        log.info(
-            "%s: %d steps of batch %d (protocol %s) -> %s",
-            cell,
-            cfg.task.protocol.max_steps,
-            cfg.task.protocol.batch_size,
-            cfg.task.protocol.name,
-            output_dir,
-        )
+        protocol = cfg.task.protocol
+        headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
         pretrained = None
         if stage != PRETRAINING and cfg.pretrain.objective != "none":
             pretrained = pretrain_first(cfg, row)
@@ -384,7 +378,7 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
             write(results_path, record)
         # A resumed fine-tuning run continues from its own checkpoint, which holds the pretrained start.
         init_from = Path(pretrained["checkpoint"]) if pretrained and not resume_from else None
-        record.update(fit_and_test(cfg, output_dir, resume_from, world_size, stage=stage, init_from=init_from))
+        record.update(fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
         record["status"] = "finished"
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -249,8 +250,9 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
     console = process.stdout + process.stderr
     for noise in ("litlogger", "LeafSpec", "v_num", "No CUDA runtime", "Seed set"):
         assert noise not in console, noise
-    assert "Epoch 1" in console and "test acc" in console
-    assert "train/steps_per_s=" in console  # the progress bar's training rate
+    assert re.search(r"listops / yoso_32 / seed 0: 6 steps of batch 16 \(protocol smoke\) -> .*, [\d,]+ parameters", console)
+    assert "Training: 100%" in console and "6/6" in console and "Epoch" not in console  # one bar over the run's steps
+    assert "train/steps_per_s=" in console and "test acc" in console  # the training rate beside the bar's
     (path,) = results_files(tmp_path)
     train_log = (path.parent / "train.log").read_text()
     assert "Generating ListOps" in train_log and "Prepared listops" in train_log
