@@ -17,11 +17,13 @@ A command that no rule matches fails ``test_every_readme_command_has_a_rule``: a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,46 @@ class Rule:
     substitute: tuple[tuple[str, str], ...] = ()  # (old, new) text replacements, before appending
     not_run: str = ""  # the reason a command is not run here
     why: str = ""  # why the command runs in this form rather than as written
+    check: Callable[[Path], None] | None = None  # that it did what the README says, given the scratch folder
+
+
+def records(workspace: Path) -> list[dict]:
+    """Every results.json under the scratch folder's outputs."""
+    return [json.loads(path.read_text()) for path in sorted((workspace / "outputs").rglob("results.json"))]
+
+
+def quick_start_run(workspace: Path) -> tuple[dict, int]:
+    """The quick start's run (softmax, seed 0, 6 steps): its record and how many earlier runs it archived."""
+    (path,) = [
+        path
+        for path in sorted((workspace / "outputs").rglob("results.json"))
+        if "history" not in path.parts and (record := json.loads(path.read_text()))["attention"] == "softmax"
+        if record["seed"] == 0 and record["protocol"]["max_steps"] == 6
+    ]
+    return json.loads(path.read_text()), len(list(path.parent.glob("history/*/record.json")))
+
+
+def check_quick_start(workspace: Path) -> None:
+    record, archived = quick_start_run(workspace)
+    assert record["status"] == "finished" and record["steps"] == 6 and archived == 0
+
+
+def check_rerun(archived: int, **expected) -> Callable[[Path], None]:
+    """The quick-start run ran again with ``expected`` in its record, the earlier runs archived under history/."""
+
+    def check(workspace: Path) -> None:
+        record, found = quick_start_run(workspace)
+        assert record["status"] == "finished" and found == archived
+        assert {key: record[key] for key in expected} == expected
+
+    return check
+
+
+def check_tensorboard(workspace: Path) -> None:
+    check_rerun(3)(workspace)
+    record, _ = quick_start_run(workspace)
+    folder = Path(record["best_checkpoint"]).parents[1]
+    assert list(folder.rglob("events.out.tfevents.*")), "TensorBoard event files in the run's folder"
 
 
 RULES = [
@@ -53,11 +95,41 @@ RULES = [
     Rule(r"^pytest", not_run="the test suite itself, which this test is part of"),
     Rule(r"^ruff ", not_run="lints the checkout; .ci/run runs it before the tests"),
     Rule(r"^CUDA_HOME=", not_run="compiles the CUDA kernels (minutes); .ci/run does it where nvcc is installed"),
-    Rule(r"^python -m lra\.train$", append=tuple(TINY), why="the quick start on the tiny ListOps"),
+    Rule(r"^python -m lra\.train$", append=tuple(TINY), why="the quick start on the tiny ListOps", check=check_quick_start),
     Rule(
         r"^python -m lra\.train task\.protocol\.max_steps=\d+$",
         append=tuple(TINY_DATA),
         why="the shortened run on the tiny ListOps, its protocol as written",
+        check=lambda workspace: any(r["steps"] == 20 and r["status"] == "finished" for r in records(workspace)),
+    ),
+    Rule(
+        r"^python -m lra\.train attention=none seed=1$",
+        append=tuple(TINY),
+        why="another run on the tiny ListOps",
+        check=lambda workspace: any(r["attention"] == "none" and r["seed"] == 1 for r in records(workspace)),
+    ),
+    Rule(
+        r"^python -m lra\.train trainer\.compile=true rerun=true$",
+        append=tuple(TINY),
+        why="the quick start's run again, compiled",
+        check=check_rerun(1, compiled=True, compile_backend="inductor"),
+    ),
+    Rule(
+        r"^python -m lra\.train trainer\.precision=bf16-mixed rerun=true$",
+        append=tuple(TINY),
+        why="the quick start's run again, in bf16 mixed precision",
+        check=check_rerun(2, precision="bf16-mixed", compiled=False),
+    ),
+    Rule(
+        r"^python -m lra\.train logger=tensorboard rerun=true$",
+        append=tuple(TINY),
+        why="the quick start's run again, logged for TensorBoard (tensorboardX, a dev dependency, writes the events)",
+        check=check_tensorboard,
+    ),
+    Rule(
+        r"^python -m lra\.train logger=wandb ",
+        append=CFG_JOB,
+        why="needs the wandb package, which is not a dependency: its config only",
     ),
     Rule(r"^python -m lra\.train .*--cfg", why="composes the config only"),
     Rule(r"^python -m lra\.train -m ", append=CFG_JOB, why="a sweep: its first cell's config, every value composed"),
@@ -211,6 +283,8 @@ def test_readme_command(command, workspace):
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     process = subprocess.run(args, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, f"{command} ({rule.why}) failed:\n{process.stdout[-2000:]}\n{process.stderr[-3000:]}"
+    if rule.check is not None:
+        assert rule.check(workspace) is not False, f"{command} ({rule.why}) did not do what the README says"
 
 
 def compose_config(overrides: list[str]) -> None:
