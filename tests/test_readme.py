@@ -31,7 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "lra"))
-from conftest import TINY  # noqa: E402  (the tiny ListOps the lra tests train on)
+from tiny_listops import TINY  # noqa: E402
 
 TINY_DATA = [
     o

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from tiny_listops import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 

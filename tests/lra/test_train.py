@@ -315,7 +315,17 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
     overrides = [*tiny_overrides, "task.protocol.max_steps=100", "task.protocol.val_check_interval=25"]
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
     command = [sys.executable, "-m", "lra.train", *overrides]
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Ctrl+C as a terminal sends it: a shell's background job (nohup pytest &) ignores SIGINT, the
+        # child would inherit that, and Python then never raises KeyboardInterrupt (seen in such a run).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 240
     while 25 not in train_log_evaluations_under(tmp_path / "outputs") and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -110,8 +110,6 @@ def build(
     text, rewrites, op_names = rewrite(source.read_text(), namespace, str(source))
     build_directory = Path(cpp_extension._get_build_directory(namespace, verbose))
     rewritten = build_directory / "kernels.cpp"
-    if not rewritten.exists() or rewritten.read_text() != text:  # an unchanged file keeps ninja's cache valid
-        rewritten.write_text(text)
     flags = ["-O1", "-g"] + SANITIZER_FLAGS if sanitize else ["-O2"]
     flags += [
         f"-I{HERE}",
@@ -120,7 +118,9 @@ def build(
         f"-DEMU_NAMESPACE={namespace}",
         "-Wno-unknown-pragmas",
     ]
-    with build_lock(build_directory):
+    with build_lock(build_directory):  # processes building the same emulator (parallel tests) take turns
+        if not rewritten.exists() or rewritten.read_text() != text:  # an unchanged file keeps ninja's cache valid
+            rewritten.write_text(text)
         library = cpp_extension.load(
             name=namespace,
             sources=[str(rewritten), str(HERE / "runtime.cpp")],
