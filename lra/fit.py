@@ -8,6 +8,7 @@ logger from ``conf/logger``; the protocol adds the number of steps and the evalu
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import threading
@@ -67,10 +68,21 @@ def without_known_warnings():
 
 
 def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, with a missing optional package (tensorboard, wandb) named in one message."""
+    """``hydra.utils.instantiate``, with a missing optional package (tensorboard, wandb) or a name its module
+    does not have named in one message."""
     try:
         return hydra.utils.instantiate(node, **kwargs)
     except InstantiationException as error:
+        module, _, name = node._target_.rpartition(".")
+        try:
+            missing_name = not hasattr(importlib.import_module(module), name)
+        except ImportError:
+            missing_name = False
+        if missing_name:
+            raise RuntimeError(
+                f"{what}: {module} has no {name!r} (a typo in the config, or a process started before the code "
+                "changed, such as a long sweep: it still runs the code it imported)"
+            ) from None
         if isinstance(error.__cause__, ModuleNotFoundError | ImportError):
             raise RuntimeError(f"{what} ({node._target_}) needs a package that is not installed: {error.__cause__}") from None
         raise
