@@ -56,14 +56,18 @@ def without_known_warnings():
 
     A deprecation inside Lightning that torch announces on every run; no loader workers on a CPU,
     where they would compete with the model for the cores; shuffled validation batches, a fresh
-    random subset at each evaluation like the original dev stream; and the callbacks a
-    single-process test after a DDP run does not need.
+    random subset at each evaluation like the original dev stream; the callbacks a
+    single-process test after a DDP run does not need; and, on a resume, the run's own checkpoint
+    folder holding its checkpoints, and the loader starting the interrupted epoch's batches afresh
+    (it keeps no position; the README's resume paragraph says so).
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=r".*sampler has shuffling enabled.*")
         warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint need to be provided.*")
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
         yield
 
 
