@@ -88,7 +88,10 @@ def reset_peak_memory(device: torch.device) -> None:
     kept from the previous job made every later one report the largest so far (all 11 presets
     after Linformer showed 821.3 MB on the lent H100)."""
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        # Before CUDA's first use there is no peak to reset, and the allocator refuses the call
+        # ("Invalid device argument": every preset's first GPU run failed so on the lent H100).
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats(device)
         return
     try:  # "5" resets the peak resident set (VmHWM) to the current one (Linux >= 4.0)
         Path("/proc/self/clear_refs").write_text("5")

@@ -1,3 +1,4 @@
+import subprocess
 import sys
 
 import numpy as np
@@ -22,3 +23,21 @@ def test_each_run_of_a_multirun_reports_its_own_peak_memory():
     assert kind == "cpu_max_rss"
     assert during > before + 350, (before, during)
     assert after < during - 350, (during, after)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_the_peak_memory_of_a_process_that_has_not_used_cuda_yet_can_be_reset():
+    """A run resets the peak before its first CUDA allocation; in a fresh process that once failed
+    with 'Invalid device argument' and every training run on a GPU failed with it."""
+    script = (
+        "import torch\n"
+        "from lra.results import reset_peak_memory, peak_memory_mb\n"
+        "device = torch.device('cuda', 0)\n"
+        "reset_peak_memory(device)\n"
+        "x = torch.ones(2**20, device=device)\n"
+        "print(peak_memory_mb(device)[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) >= 4.0  # the 4 MiB tensor
