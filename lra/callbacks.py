@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +72,17 @@ def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
 
 class CheckpointOnInterrupt(Callback):
     """Save ``<dirpath>/last.ckpt`` at the step reached when training stops on an exception: Ctrl+C,
-    SIGTERM (which :func:`lra.fit.sigterm_as_ctrl_c` turns into Ctrl+C) or an error, so the resume
-    loses no steps. Only while fitting: an error in testing must not overwrite last.ckpt with the
-    best checkpoint's weights.
+    SIGTERM (a preempted or cancelled job) or an error, so the resume loses no steps. Only while
+    fitting: an error in testing must not overwrite last.ckpt with the best checkpoint's weights.
+
+    Under :meth:`stop_between_steps`, a first Ctrl+C or SIGTERM during training lets training go on
+    to the end of the first step after which nothing is due (no evaluation, no metrics row) and stops
+    there, in ``on_train_batch_end``: the state Lightning's own step checkpoints are taken in, from
+    which its resume is exact. A second signal, or one outside training, stops at once. A bare
+    KeyboardInterrupt lands anywhere in a step, possibly between the optimizer's update and the
+    step's bookkeeping: a run resumed from there repeated a batch index and evaluated one step late
+    (at 50, 75, 100 instead of 49, 74, 99); and a stop at the end of a step that evaluates or logs
+    loses that evaluation or metrics row (Lightning's resume skips what was due at the saved step).
 
     Lightning's own ``OnExceptionCheckpoint`` does the same saving, but its presence makes every
     ``fit`` without a checkpoint resume from "last" on its own, which would bypass the run's own
@@ -78,10 +90,74 @@ class CheckpointOnInterrupt(Callback):
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.stop_requested: str | None = None  # the signal that asked to stop, until training stops
+        self._training = False  # between on_train_start and the end of training
+        self._handling = False  # within stop_between_steps, in the main thread
+
+    @contextmanager
+    def stop_between_steps(self) -> Iterator[None]:
+        """Handle Ctrl+C and SIGTERM as the class docstring says while the block (a ``trainer.fit``) runs.
+        Outside the main thread signals cannot be handled, and nothing changes."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+        self._handling = True
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            self._handling = False
+            self.stop_requested = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_requested or not self._training:
+            raise KeyboardInterrupt(f"signal {name}")
+        self.stop_requested = f"signal {name}"
+        print(
+            f"\n{name}: stopping after this training step (or the next where an evaluation or a metrics row is due) "
+            "and saving last.ckpt; send it again to stop at once",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training = True
+        # Lightning has by now put its own SIGTERM handler before this one; it stops at the end of a
+        # step's evaluation, or in the middle of one. In one process this handler alone decides; with
+        # several, Lightning's must stay (it tells the other processes).
+        if self._handling and trainer.world_size == 1:
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training = False
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.stop_requested and not something_due_after(trainer):
+            raise KeyboardInterrupt(self.stop_requested)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._training = False
         if trainer.state.fn == TrainerFn.FITTING:
             trainer.save_checkpoint(self.path, weights_only=False)
+
+
+def something_due_after(trainer: pl.Trainer) -> bool:
+    """Whether the training batch just ended is followed by an evaluation (every ``val_check_interval``
+    batches, counted over the run or, with ``check_val_every_n_epoch``, within the epoch; and at an
+    epoch's end) or writes a metrics row (every ``log_every_n_steps`` steps). Where in doubt it says
+    yes: that only delays a stop by a step."""
+    loop = trainer.fit_loop.epoch_loop
+    batches = loop.total_batch_idx + 1 if trainer.check_val_every_n_epoch is None else loop.batch_idx + 1
+    every = trainer.val_check_batch
+    evaluates = trainer.enable_validation and (
+        loop.batch_progress.is_last_batch or (every != float("inf") and batches % every == 0)
+    )
+    return evaluates or trainer.global_step % trainer.log_every_n_steps == 0
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-import signal
-import threading
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from . import results
-from .callbacks import steps_per_second
+from .callbacks import CheckpointOnInterrupt, steps_per_second
 from .datamodule import LRADataModule
 from .module import (
     LRAClassificationModule,
@@ -90,27 +88,6 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
         if isinstance(error.__cause__, ModuleNotFoundError | ImportError):
             raise RuntimeError(f"{what} ({node._target_}) needs a package that is not installed: {error.__cause__}") from None
         raise
-
-
-@contextmanager
-def sigterm_as_ctrl_c():
-    """Handle SIGTERM (a preempted or cancelled job) as Ctrl+C: Lightning then stops at once and the
-    on_interrupt callback (lra.callbacks.CheckpointOnInterrupt) saves last.ckpt at the step reached.
-    Lightning's own SIGTERM path stops mid-step instead, and a run resumed from that checkpoint
-    evaluated one step late (at 50, 75, 100 instead of 49, 74, 99 in tests/lra/test_train.py).
-    Lightning calls this handler after its own."""
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -195,7 +172,8 @@ def fit_and_test(
     if not isinstance(checkpoint, ModelCheckpoint):
         raise ValueError("the callbacks must include a ModelCheckpoint (callbacks.checkpoint): its best checkpoint is tested")
     results.reset_peak_memory(trainer.strategy.root_device)
-    with without_known_warnings(), sigterm_as_ctrl_c():
+    on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
+    with without_known_warnings(), on_interrupt.stop_between_steps() if on_interrupt else nullcontext():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not checkpoint.best_model_path:
         raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")

@@ -1,6 +1,10 @@
 """``lra.callbacks``: TrainingSpeed counts training batches only, loading between them included, evaluations
 excluded; StepProgressBar is one bar over the run's steps that a resume continues."""
 
+import os
+import signal
+
+import pytest
 import pytorch_lightning as pl
 import torch
 
@@ -82,3 +86,76 @@ def test_the_progress_bar_counts_the_runs_steps_across_epochs_and_a_resume_conti
     trainer, bar = fit(12, tmp_path, resume_from=checkpoint)
     # tqdm's rate and time left are (n - initial) / elapsed: the 5 steps of this process only
     assert (bar.initial, bar.n, bar.total) == (7, 12, 12)
+
+
+class InterruptedRegression(Regression):
+    """Sends itself ``signal_name`` right after the optimizer's update of step ``interrupt_at``: where
+    a bare KeyboardInterrupt leaves the step half counted. Records the step of every evaluation."""
+
+    def __init__(self, interrupt_at=None, signal_name="SIGINT"):
+        super().__init__()
+        self.interrupt_at, self.signal_name = interrupt_at, signal_name
+        self.evaluated_at = []
+        self.updates = 0
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        self.updates += 1
+        if self.updates == self.interrupt_at:
+            os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+    def on_validation_epoch_end(self):
+        if not self.trainer.sanity_checking:
+            self.evaluated_at.append(self.trainer.global_step)
+
+    def val_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(4, 4), torch.randn(4, 1))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def fit_with_interruptions(module, root, resume_from=None):
+    on_interrupt = callbacks.CheckpointOnInterrupt(dirpath=str(root), filename="last")
+    trainer = pl.Trainer(
+        max_steps=12,
+        val_check_interval=5,
+        check_val_every_n_epoch=None,
+        callbacks=[on_interrupt],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        accelerator="cpu",
+    )
+    with on_interrupt.stop_between_steps():
+        trainer.fit(module, ckpt_path=resume_from)
+    return trainer
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+# Step 5 evaluates and step 6 ends an epoch (3 batches each), so a signal in step 5 stops after step 7.
+@pytest.mark.parametrize(("interrupt_at", "stops_after"), [(5, 7), (7, 7)], ids=["in-an-evaluation-step", "between-evaluations"])
+def test_an_interruption_stops_after_the_next_step_with_nothing_due_and_the_resume_evaluates_where_an_uninterrupted_run_does(
+    tmp_path, signal_name, interrupt_at, stops_after
+):
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    uninterrupted = InterruptedRegression()
+    fit_with_interruptions(uninterrupted, tmp_path / "whole")
+    assert uninterrupted.evaluated_at == [5, 10]
+
+    first = InterruptedRegression(interrupt_at, signal_name)
+    with pytest.raises(SystemExit):  # Lightning's answer to KeyboardInterrupt
+        fit_with_interruptions(first, tmp_path)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == stops_after
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous, "handlers restored"
+
+    resumed = InterruptedRegression()
+    trainer = fit_with_interruptions(resumed, tmp_path, resume_from=tmp_path / "last.ckpt")
+    assert trainer.global_step == 12
+    assert first.evaluated_at + resumed.evaluated_at == [5, 10], "each evaluation once, at its step"
