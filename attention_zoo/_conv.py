@@ -12,10 +12,21 @@ class SequenceConv(nn.Conv2d):
     padded, no bias: the authors' ``Conv2d(heads, heads, (width, 1), groups=heads)`` of both papers.
 
     Input and output ``(batch, heads, seq, head_dim)``. The weight is cast to the input's dtype, so
-    an attention that runs in float32 inside a bfloat16 model convolves in float32.
+    an attention that runs in float32 inside a bfloat16 model convolves in float32. The width must
+    be odd (:meth:`check_width`), so that the kernel is centred on each token.
     """
 
+    @staticmethod
+    def check_width(width: int | None, field: str = "width") -> None:
+        """The width rule, which an attention's config applies to its own field (named in the error):
+        a positive odd int, or None for no convolution."""
+        if width is not None and (width < 1 or width % 2 == 0):
+            raise ValueError(
+                f"{field} must be a positive odd int (centred on each token) or None for no convolution, got {width}"
+            )
+
     def __init__(self, num_heads: int, width: int) -> None:
+        self.check_width(width)
         super().__init__(num_heads, num_heads, (width, 1), padding=(width // 2, 0), groups=num_heads, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

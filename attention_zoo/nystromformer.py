@@ -73,11 +73,7 @@ class NystromformerConfig:
             raise ValueError(f"num_landmarks must be at least 1, got {self.num_landmarks}")
         if self.pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be at least 1, got {self.pinv_iterations}")
-        if self.conv_kernel_size is not None and (self.conv_kernel_size < 1 or self.conv_kernel_size % 2 == 0):
-            raise ValueError(
-                f"conv_kernel_size must be a positive odd int (centred on the token) or None for no "
-                f"convolution, got {self.conv_kernel_size}"
-            )
+        SequenceConv.check_width(self.conv_kernel_size, "conv_kernel_size")
 
 
 def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:

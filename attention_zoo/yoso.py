@@ -120,8 +120,7 @@ class YosoConfig:
             raise ValueError(f"num_hashes must be >= 1, got {self.num_hashes}")
         if self.hash_bits is not None and not 1 <= self.hash_bits <= MAX_HASH_BITS:
             raise ValueError(f"hash_bits must be in [1, {MAX_HASH_BITS}] (int32 codes), got {self.hash_bits}")
-        if self.conv_window is not None and (self.conv_window < 1 or self.conv_window % 2 == 0):
-            raise ValueError(f"conv_window must be a positive odd width (centred on each token), got {self.conv_window}")
+        SequenceConv.check_width(self.conv_window, "conv_window")
 
 
 class ExpectationLowerBound(torch.autograd.Function):

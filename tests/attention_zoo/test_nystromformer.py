@@ -87,8 +87,8 @@ def test_config_validation():
     for bad, match in (
         ({"num_landmarks": 0}, "num_landmarks"),
         ({"pinv_iterations": 0}, "pinv_iterations"),
-        ({"conv_kernel_size": 32}, "odd"),
-        ({"conv_kernel_size": -1}, "odd"),
+        ({"conv_kernel_size": 32}, "conv_kernel_size must be a positive odd"),
+        ({"conv_kernel_size": -1}, "conv_kernel_size must be a positive odd"),
     ):
         with pytest.raises(ValueError, match=match):
             build(16, **bad)

@@ -348,7 +348,11 @@ def test_conv_window_adds_the_depthwise_convolution_of_the_masked_values():
 
 
 def test_bad_hyperparameters_are_clear_errors():
-    for bad, message in (({"conv_window": 4}, "odd"), ({"hash_bits": 31}, "hash_bits"), ({"num_hashes": 0}, "num_hashes")):
+    for bad, message in (
+        ({"conv_window": 4}, "conv_window must be a positive odd"),
+        ({"hash_bits": 31}, "hash_bits"),
+        ({"num_hashes": 0}, "num_hashes"),
+    ):
         with pytest.raises(ValueError, match=message):
             attention_zoo.build("yoso", seq_len=8, num_heads=1, head_dim=4, **bad)
     with pytest.raises(TypeError, match="'lower_bound' | 'exact'"):
