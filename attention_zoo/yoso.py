@@ -113,7 +113,7 @@ class YosoConfig:
     conv_window: int | None = None  # YOSO-C: width of the per-head depthwise convolution of V (odd)
     expectation: bool = False  # YOSO-E: the exact expectation, O(n^2), instead of m hashes
     hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes (unbiased)
-    backend: Literal["auto", "compiled", "reference"] = "auto"  # yoso_cuda's kernels where built, or a forced choice
+    backend: yoso_cuda.ops.Backend = "auto"  # yoso_cuda's kernels where built ("auto"), or "compiled" or "reference"
 
     def __post_init__(self) -> None:
         if self.num_hashes < 1:

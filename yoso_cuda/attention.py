@@ -34,8 +34,7 @@ BACKWARD_ESTIMATORS = ("lower_bound", "exact")
 def _check_choices(backward: str, backend: str) -> None:
     if backward not in BACKWARD_ESTIMATORS:
         raise ValueError(f"backward must be one of {', '.join(map(repr, BACKWARD_ESTIMATORS))}, got {backward!r}")
-    if backend not in ops.BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, ops.BACKENDS))}, got {backend!r}")
+    ops.check_backend(backend)
 
 
 @torch.library.custom_op("yoso::lsh_attention", mutates_args=())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -28,7 +28,7 @@ from . import reference
 from .build import BuildReport, build
 
 Backend = Literal["auto", "compiled", "reference"]
-BACKENDS = ("auto", "compiled", "reference")
+BACKENDS = get_args(Backend)
 HashProjection = Literal["hadamard", "gaussian"]
 
 
@@ -61,22 +61,27 @@ def has_kernel(device: torch.device) -> bool:
     return report.cuda.loaded if device.type == "cuda" else device.type == "cpu" and report.cpu.loaded
 
 
+def check_backend(backend: str) -> None:
+    """Raise the one error for a ``backend`` that is not one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+
+
 def use_compiled(backend: str, device: torch.device) -> bool:
     """Whether ``backend`` runs the compiled kernel on ``device`` (see the module docstring)."""
+    check_backend(backend)
     if backend == "reference":
         return False
     if backend == "auto":
         return has_kernel(device)
-    if backend == "compiled":
-        if not has_kernel(device):
-            library = kernels().cuda if device.type == "cuda" else kernels().cpu
-            why = library.reason if device.type in ("cpu", "cuda") else "there are kernels for cpu and cuda only"
-            raise RuntimeError(
-                f"backend='compiled', but YOSO's {device.type} kernels are not built ({why}); run `python -m yoso_cuda` "
-                "to see the build, or choose backend='auto' or 'reference'"
-            )
-        return True
-    raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if not has_kernel(device):  # backend == "compiled"
+        library = kernels().cuda if device.type == "cuda" else kernels().cpu
+        why = library.reason if device.type in ("cpu", "cuda") else "there are kernels for cpu and cuda only"
+        raise RuntimeError(
+            f"backend='compiled', but YOSO's {device.type} kernels are not built ({why}); run `python -m yoso_cuda` "
+            "to see the build, or choose backend='auto' or 'reference'"
+        )
+    return True
 
 
 def _register_fake_kernels() -> None:
