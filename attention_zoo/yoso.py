@@ -31,51 +31,19 @@ Backward (``backward``), with the same hash codes as the forward:
   itself is small. Time is proportional to the number of colliding pairs.
 
 Which estimator is closer to the true gradient of ``E V`` depends on how closely queries and keys
-align. Measured w.r.t. Q (``pytest -s tests/attention_zoo/test_yoso.py -k closer_to_the_true``, 2-core
-CPU): 64 tokens of which the last 4 are padded, q_i, xi_i, v_i, g_i ~ N(0, I_16), q_i scaled to unit
-length and k_i = normalise(q_i + noise * xi_i); each estimator's mean over 60 draws of 32 Hadamard
-hashes (tau = 8) against the dense true gradient; the mean over data seeds 0-5, (min-max):
-
-=====  =============  ===================  ===================  =============  =============
-noise  cos(q_i, k_i)  rel. error exact     rel. error lb        cosine ex./lb  norm ex./lb
-=====  =============  ===================  ===================  =============  =============
-0.1    0.93           0.17 (0.15-0.19)     0.57 (0.55-0.60)     0.997 / 0.988  0.85 / 0.44
-0.3    0.64           0.38 (0.32-0.40)     0.40 (0.39-0.41)     0.939 / 0.982  0.79 / 0.63
-1.0    0.24           0.54 (0.49-0.62)     0.46 (0.44-0.48)     0.886 / 0.964  0.61 / 0.59
-=====  =============  ===================  ===================  =============  =============
-
-On every seed: the lower bound keeps under 0.7 of the true gradient's norm; where keys are close
-copies of their queries (cos 0.93) ``exact`` has the much lower error; from cos 0.64 down the lower
-bound points closer to the true gradient (cosine), and at cos 0.24 its error is lower too. In between
-(cos 0.64) the errors are within 0.09 of each other and which is lower depends on the seed.
+align: ``exact`` has the lower error where keys are close copies of their queries; from looser
+alignments on, the lower bound points closer to the true gradient, though well under its norm.
 
 Hash family. The tau bits of one Hadamard hash are tau orthogonal directions of one pseudo-random
 rotation, not independent hyperplanes, and such a hash collides less often than ``(1 - theta/pi)^tau``,
-the more so the wider the angle (``pytest -s tests/attention_zoo/test_yoso.py -k collide_less``: 128
-random pairs x 1024 hashes, d = 32, tau = 8; relative to the law, standard error 0.2-1.9%):
+the more so the wider the angle. So Hadamard YOSO-m estimates a slightly different ``E`` and its
+error against ``E V`` levels off as m grows, while with ``hash_projection: gaussian`` (independent
+Gaussian hyperplanes, the unbiased option) it keeps falling like 1/sqrt(m). At few hashes (m = 32,
+the yoso-32 preset) the rotation's orthogonal bits give the lower variance and the lower error, and
+one rotation, O(d log d), yields d / tau hashes where Gaussian hyperplanes cost O(d tau) per hash:
+Hadamard, the official code's family, stays the default.
 
-========  ======  =======  =======  =======  =======
-theta     0.1     0.3      0.5      0.8      1.2
-========  ======  =======  =======  =======  =======
-Hadamard  -0.1%   -1.1%    -3.1%    -9.3%    -23.3%
-Gaussian  -0.1%   -0.4%    +0.5%    +0.4%    -0.1%
-========  ======  =======  =======  =======  =======
-
-So Hadamard YOSO-m estimates a slightly different ``E`` and its error against ``E V`` levels off
-as m grows, while with ``hash_projection: gaussian`` (independent Gaussian hyperplanes, the unbiased
-option) it keeps falling like 1/sqrt(m). Relative error of ``(1/m) sum_h B_h V`` against ``E V``
-(``-k levels_off``: n = 256, d = 32, tau = 8, unit q_i ~ N(0, I), k_i = normalise(q_i + 0.3 xi_i)):
-
-========  =====  =====  ======  ======  =======
-m         32     256    1024    4096    16384
-========  =====  =====  ======  ======  =======
-Hadamard  1.38   0.54   0.33    0.26    0.24
-Gaussian  1.67   0.58   0.29    0.14    0.07
-========  =====  =====  ======  ======  =======
-
-At few hashes (m = 32, the yoso-32 preset) the rotation's orthogonal bits give the lower variance
-and the lower error, and one rotation, O(d log d), yields d / tau hashes where Gaussian hyperplanes
-cost O(d tau) per hash: Hadamard, the official code's family, stays the default.
+The measurements behind both paragraphs: results/README.md#yosos-gradient-estimators-and-hash-families.
 
 YOSO-E (``expectation: true``) computes ``normalise(E V)`` densely, O(n^2): with ``backward: exact``
 its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays finite), with

@@ -54,7 +54,8 @@ def test_hadamard_hashes_collide_less_often_than_the_law_and_gaussian_hashes_do_
     """Collision frequency over 128 random pairs x 1024 hashes (d = 32, tau = 8) relative to
     (1 - theta/pi)^tau, for the default Hadamard family and for Gaussian hyperplanes.
 
-    The table in attention_zoo/yoso.py's docstring is what this prints (``pytest -s``).
+    The table in results/README.md ("YOSO's gradient estimators and hash families") is what this
+    prints (``pytest -s``).
     """
     tau, hashes, count = 8, 1024, 128
     torch.manual_seed(0)
@@ -76,7 +77,8 @@ def test_hadamard_hashes_collide_less_often_than_the_law_and_gaussian_hashes_do_
 def test_hadamard_yoso_m_levels_off_where_gaussian_yoso_m_keeps_converging():
     """Relative error of Y = (1/m) sum_h B_h V against E V as m grows (n = 256, d = 32, tau = 8; q_i ~ N(0, I)
     made unit, k_i = normalise(q_i + 0.3 xi_i), v_i ~ N(0, I); data seed 0): the Hadamard family's
-    collision deficit is a bias that more hashes cannot remove. Printed with ``pytest -s``.
+    collision deficit is a bias that more hashes cannot remove. The table in results/README.md ("YOSO's gradient
+    estimators and hash families") is what this prints (``pytest -s``).
     """
     n, tau, sizes = 256, 8, (32, 256, 1024, 4096, 16384)
     generator = torch.Generator().manual_seed(0)
@@ -277,11 +279,11 @@ def test_which_backward_is_closer_to_the_true_gradient(noise):
     """Each estimator's mean over 60 draws of 32 Hadamard hashes (tau 8) against the true gradient of E V
     w.r.t. Q, on the inputs of ``estimator_means`` for data seeds 0-5.
 
-    The table in attention_zoo/yoso.py's docstring is what this prints (``pytest -s``). Asserted: only
-    what holds on every seed. The lower bound keeps under 0.7 of the true gradient's norm at every
-    alignment; where keys are close copies of their queries the exact estimator's error is lower by more
-    than 0.2; from medium alignment on, the lower bound's direction is better by more than 0.02, and
-    where they align loosely its error is lower too.
+    The table in results/README.md ("YOSO's gradient estimators and hash families") is what this
+    prints (``pytest -s``). Asserted: only what holds on every seed. The lower bound keeps under 0.7
+    of the true gradient's norm at every alignment; where keys are close copies of their queries the
+    exact estimator's error is lower by more than 0.2; from medium alignment on, the lower bound's
+    direction is better by more than 0.02, and where they align loosely its error is lower too.
     """
     tau = 8
     rows = []
