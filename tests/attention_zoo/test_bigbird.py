@@ -1,32 +1,10 @@
 """BigBird against a dense float64 reference built from the definition, and its attended sets."""
 
-import math
-
 import pytest
 import torch
+from zoo_inputs import HEAD_DIM, HEADS, attend64, builder, ragged_mask, random_qkv, softmax_reference
 
-import attention_zoo
-
-HEADS, HEAD_DIM = 2, 8
-
-
-def build(seq_len, **hparams):
-    return attention_zoo.build("bigbird", seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).eval()
-
-
-def inputs(batch, n, dtype=torch.float64, value_dim=HEAD_DIM, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(batch, HEADS, n, HEAD_DIM, generator=generator, dtype=dtype) for _ in range(2))
-    return q, k, torch.randn(batch, HEADS, n, value_dim, generator=generator, dtype=dtype)
-
-
-def ragged_mask(n):
-    """Row 0 unpadded, row 1 random padding, row 2 fully padded, row 3 right-padded after a third."""
-    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(1)) < 0.7
-    mask[0] = True
-    mask[2] = False
-    mask[3] = torch.arange(n) < max(n // 3, 1)
-    return mask
+build = builder("bigbird")
 
 
 def allowed_pairs(attn, n):
@@ -44,21 +22,6 @@ def allowed_pairs(attn, n):
                 if key_block >= 0:
                     allowed[head] |= (bi == query_block) & (bj == key_block)
     return allowed
-
-
-def dense_reference(q, k, v, mask, allowed):
-    """Masked softmax attention in float64 over an explicit (h, n, n) pattern; padded query rows are zero."""
-    q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (b, h, n, n)
-    keep = allowed[None] if mask is None else allowed[None] & mask[:, None, None, :]
-    out = torch.nan_to_num(scores.masked_fill(~keep, float("-inf")).softmax(-1)) @ v
-    return out if mask is None else out * mask[:, None, :, None]
-
-
-def attend64(attn, q, k, v, mask):
-    """The algorithm itself in float64 (forward() takes float32 and below), padded rows zeroed as forward does."""
-    out = attn.attend(q, k, v, mask)
-    return out if mask is None else out * mask[:, None, :, None]
 
 
 CASES = [
@@ -79,10 +42,10 @@ CASES = [
 @pytest.mark.parametrize(("n", "block", "r", "within"), CASES)
 def test_equals_dense_attention_over_the_definition_in_float64(n, block, r, within):
     attn = build(n, block_size=block, num_random_blocks=r, random_within=within)
-    q, k, v = inputs(4, n, value_dim=2 * HEAD_DIM)
+    q, k, v = random_qkv(4, n, dtype=torch.float64, value_dim=2 * HEAD_DIM)
     allowed = allowed_pairs(attn, n)
-    for mask in (ragged_mask(n), None):
-        expected = dense_reference(q, k, v, mask, allowed)
+    for mask in (ragged_mask(n, row3=max(n // 3, 1)), None):
+        expected = softmax_reference(q, k, v, mask, allowed)
         torch.testing.assert_close(attend64(attn, q, k, v, mask), expected, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(attn(q.float(), k.float(), v.float(), mask).double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -118,7 +81,7 @@ def test_random_blocks_are_fixed_per_layer_and_differ_between_heads_and_layers()
 
 def test_an_input_longer_than_seq_len_is_rejected():
     attn = build(64, block_size=4)
-    q, k, v = inputs(1, 65, dtype=torch.float32)
+    q, k, v = random_qkv(1, 65)
     with pytest.raises(ValueError, match="seq_len=64"):
         attn(q, k, v)
 
@@ -127,7 +90,7 @@ def test_a_query_attends_to_exactly_global_window_and_random_keys():
     """Perturbing a key outside a query's set leaves its output unchanged; perturbing one inside changes it."""
     n, block = 48, 4
     attn = build(n, block_size=block, num_random_blocks=2)
-    q, k, v = inputs(1, n)
+    q, k, v = random_qkv(1, n, dtype=torch.float64)
     allowed = allowed_pairs(attn, n)
     reference = attend64(attn, q, k, v, None)
     query = 6 * block + 1  # a middle block: its window is blocks 5..7

@@ -2,33 +2,11 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from zoo_inputs import HEAD_DIM, HEADS, attend64, builder, forward_backward_allocation, ragged_mask, random_qkv
 
-import attention_zoo
-
-HEADS, HEAD_DIM = 2, 8
 EPS = 1e-6
 
-
-def build(seq_len, **hparams):
-    return attention_zoo.build("linear_transformer", seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).eval()
-
-
-def inputs(batch, n, seed=0, dtype=torch.float32, value_dim=HEAD_DIM):
-    generator = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(batch, HEADS, n, HEAD_DIM, generator=generator, dtype=dtype) for _ in range(2))
-    return q, k, torch.randn(batch, HEADS, n, value_dim, generator=generator, dtype=dtype)
-
-
-def ragged_mask(n):
-    """Row 0 unpadded, row 1 random padding, row 2 fully padded, row 3 only its first token real."""
-    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(1)) < 0.7
-    mask[0] = True
-    mask[2] = False
-    mask[3] = False
-    mask[3, 0] = True
-    return mask
+build = builder("linear_transformer")
 
 
 def phi(x):
@@ -59,19 +37,16 @@ def test_equals_the_pairwise_sum_formula_in_float64(n):
     """The algorithm on float64 inputs (``attend``, which the dtype check of ``forward`` would refuse) to 1e-6,
     and the float32 forward to float32 accuracy."""
     attn = build(n)
-    q, k, v = inputs(4, n, dtype=torch.float64)
+    q, k, v = random_qkv(4, n, dtype=torch.float64)
     for mask in (ragged_mask(n), None):
         expected = pairwise_reference(q, k, v, mask)
-        out = attn.attend(q, k, v, mask)
-        if mask is not None:
-            out = out * mask[:, None, :, None]  # forward's zeroing of padded rows
-        torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(attend64(attn, q, k, v, mask), expected, rtol=0, atol=1e-6)
         torch.testing.assert_close(attn(q.float(), k.float(), v.float(), mask).double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_value_dim_may_differ_and_eps_is_the_configured_one():
     n = 21
-    q, k, v = inputs(4, n, value_dim=3 * HEAD_DIM)
+    q, k, v = random_qkv(4, n, value_dim=3 * HEAD_DIM)
     mask = ragged_mask(n)
     for eps in (1e-6, 0.5):
         expected = pairwise_reference(q, k, v, mask, eps=eps)
@@ -82,7 +57,7 @@ def test_output_is_invariant_to_the_order_of_the_keys_and_values():
     """Keys, values and their mask permuted together: the same output (a sum over keys has no order)."""
     n = 40
     attn = build(n)
-    q, k, v = inputs(4, n)
+    q, k, v = random_qkv(4, n)
     mask = ragged_mask(n)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(7))
     out = attn(q, k, v, mask)
@@ -96,7 +71,7 @@ def test_rows_of_the_implied_attention_matrix_sum_to_one():
     non-negative, padded keys get zero weight, and each real row sums to S / (S + eps), 1 to within 1e-6."""
     n = 24
     attn = build(n)
-    q, k, _ = inputs(4, n, dtype=torch.float64)
+    q, k, _ = random_qkv(4, n, dtype=torch.float64)
     identity = torch.eye(n, dtype=torch.float64).expand(4, HEADS, n, n)  # v_j = e_j
     mask = ragged_mask(n)
     matrix = attn.attend(q, k, identity, mask)  # (b, h, n, n): row i is A_i., for padded queries too
@@ -115,23 +90,11 @@ def test_rows_of_the_implied_attention_matrix_sum_to_one():
 
 def test_memory_is_linear_no_n_by_n_tensor():
     """At n = 4096 the largest tensor, forward and backward, is an (n, d) one per head, far from n x n."""
-
-    class LargestAllocation(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in tree_flatten(out)[0]:
-                if isinstance(tensor, torch.Tensor):
-                    self.largest = max(self.largest, tensor.untyped_storage().nbytes() // tensor.element_size())
-            return out
-
     n = 4096
     attn = build(n).train()
-    q, k, v = (t.requires_grad_() for t in inputs(1, n))
-    with LargestAllocation() as record:
-        attn(q, k, v, torch.ones(1, n, dtype=torch.bool)).square().sum().backward()
-    assert record.largest == HEADS * n * HEAD_DIM
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, n))
+    largest, _ = forward_backward_allocation(attn, q, k, v, torch.ones(1, n, dtype=torch.bool))
+    assert largest == HEADS * n * HEAD_DIM
 
 
 @pytest.mark.parametrize("eps", [0.0, -1e-6])

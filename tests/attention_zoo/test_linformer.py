@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from zoo_inputs import random_qkv, softmax_reference
 
 import attention_zoo
 
@@ -12,23 +13,13 @@ def build(seq_len, heads=2, head_dim=8, **hparams):
     return attention_zoo.build("linformer", seq_len=seq_len, num_heads=heads, head_dim=head_dim, **hparams).eval()
 
 
-def qkv(batch, heads, seq_len, head_dim, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, seq_len, head_dim, generator=generator) for _ in range(3)]
-
-
-def softmax_attention(q, k, v):
-    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])  # (b, h, n, n)
-    return scores.softmax(-1) @ v.double()
-
-
 def dense_linformer(q, k, v, E, F, mask):
     """softmax(Q (E K)^T / sqrt(d)) (F V) in float64, padded keys/values zeroed first, padded rows zeroed."""
     n = q.shape[2]
     real = mask[:, None, :, None].double()  # (b, 1, n, 1)
     projected_k = E[..., :n].double() @ (k.double() * real)  # (b, h, k, d)
     projected_v = F[..., :n].double() @ (v.double() * real)  # (b, h, k, dv)
-    return softmax_attention(q, projected_k, projected_v) * real
+    return softmax_reference(q, projected_k, projected_v) * real
 
 
 def test_identity_projections_with_k_equal_n_are_exact_softmax():
@@ -39,8 +30,8 @@ def test_identity_projections_with_k_equal_n_are_exact_softmax():
             for projection in (attn.E, attn.F):
                 if projection is not None:
                     projection.copy_(torch.eye(n).expand_as(projection))
-        q, k, v = qkv(2, 3, n, 8)
-        expected = softmax_attention(q, k, v)
+        q, k, v = random_qkv(2, n, heads=3)
+        expected = softmax_reference(q, k, v)
         torch.testing.assert_close(attn(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
         full = torch.ones(2, n, dtype=torch.bool)
         torch.testing.assert_close(attn(q, k, v, full).double(), expected, rtol=1e-5, atol=1e-6)
@@ -55,8 +46,8 @@ def test_equals_dense_reference_with_random_projections_and_mask(share_heads, sh
         attn.E.normal_()
         if attn.F is not None:
             attn.F.normal_()
-    q, k, _ = qkv(4, 2, 29, 8)  # shorter than seq_len: the first 29 columns are used
-    v = qkv(4, 2, 29, value_dim, seed=1)[2]
+    q, k, _ = random_qkv(4, 29)  # shorter than seq_len: the first 29 columns are used
+    v = random_qkv(4, 29, head_dim=value_dim, seed=1)[2]  # the third of three draws of that width
     mask = torch.rand(4, 29) < 0.6
     mask[0] = True
     mask[1] = False
@@ -69,7 +60,7 @@ def test_equals_dense_reference_with_random_projections_and_mask(share_heads, sh
 
 def test_right_padding_equals_the_unpadded_sequence():
     attn = build(32, k=8)
-    q, k, v = qkv(1, 2, 32, 8)
+    q, k, v = random_qkv(1, 32)
     mask = torch.zeros(1, 32, dtype=torch.bool)
     mask[0, :20] = True
     padded = attn(q, k, v, mask)[:, :, :20]
@@ -81,7 +72,7 @@ def test_k_is_clamped_to_seq_len_and_longer_inputs_are_an_error():
     assert build(17).E.shape == (1, 17, 17)  # the paper's k = 256 on a short sequence
     assert build(300, heads=3, share_heads=False).E.shape == (3, 256, 300)
     attn = build(16, k=4)
-    q, k, v = qkv(1, 2, 17, 8)
+    q, k, v = random_qkv(1, 17)
     with pytest.raises(ValueError, match="exceeds seq_len=16"):
         attn(q, k, v)
 
@@ -99,7 +90,7 @@ def test_sharing_and_initialisation():
 
 def test_projections_are_learned():
     attn = build(16, k=4).train()
-    q, k, v = qkv(2, 2, 16, 8)
+    q, k, v = random_qkv(2, 16)
     attn(q, k, v).square().sum().backward()
     assert attn.E.grad.abs().sum() > 0 and attn.F.grad.abs().sum() > 0
 
@@ -107,7 +98,7 @@ def test_projections_are_learned():
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     attn = build(16, k=8, dropout=0.5)
-    q, k, v = qkv(1, 2, 16, 8)
+    q, k, v = random_qkv(1, 16)
     expected = attn(q, k, v)
     assert not torch.allclose(attn.train()(q, k, v), expected, atol=1e-3)
     torch.testing.assert_close(attn.eval()(q, k, v), expected)

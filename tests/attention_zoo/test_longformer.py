@@ -1,34 +1,21 @@
 """Longformer sliding-window attention against dense float64 references (softmax and the exact band)."""
 
-import math
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from zoo_inputs import (
+    HEAD_DIM,
+    HEADS,
+    build_attention,
+    builder,
+    forward_backward_allocation,
+    influence,
+    ragged_mask,
+    random_qkv,
+    random_values,
+    softmax_reference,
+)
 
-import attention_zoo
-
-HEADS, HEAD_DIM = 2, 8
-
-
-def build(seq_len, **hparams):
-    return attention_zoo.build("longformer", seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).eval()
-
-
-def inputs(batch, n, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(batch, HEADS, n, HEAD_DIM, generator=generator) for _ in range(3))
-
-
-def ragged_mask(n):
-    """Row 0 unpadded, row 1 random padding, row 2 fully padded, row 3 only its first token real."""
-    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(1)) < 0.7
-    mask[0] = True
-    mask[2] = False
-    mask[3] = False
-    mask[3, 0] = True
-    return mask
+build = builder("longformer")
 
 
 def allowed_pairs(n, window, num_global):
@@ -37,31 +24,22 @@ def allowed_pairs(n, window, num_global):
     return ((i - j).abs() <= window // 2) | (i < num_global) | (j < num_global)
 
 
-def dense_reference(q, k, v, mask, allowed):
-    """Masked softmax attention in float64 over an explicit (n, n) pattern; padded query rows are zero."""
-    q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (b, h, n, n)
-    keep = allowed[None, None] if mask is None else allowed[None, None] & mask[:, None, None, :]
-    out = torch.nan_to_num(scores.masked_fill(~keep, float("-inf")).softmax(-1)) @ v
-    return out if mask is None else out * mask[:, None, :, None]
-
-
 @pytest.mark.parametrize("n", [1, 7, 33])
 @pytest.mark.parametrize("num_global", [0, 2])
 def test_window_covering_the_sequence_equals_softmax(n, num_global):
     attn = build(n, window=2 * n, num_global_tokens=num_global)
-    q, k, v = inputs(4, n)
+    q, k, v = random_qkv(4, n)
     mask = ragged_mask(n)
     everything = torch.ones(n, n, dtype=torch.bool)
     for m in (mask, None):
-        expected = dense_reference(q, k, v, m, everything)
+        expected = softmax_reference(q, k, v, m, everything)
         torch.testing.assert_close(attn(q, k, v, m).double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_default_window_is_full_attention_on_short_sequences():
-    q, k, v = inputs(4, 100)
+    q, k, v = random_qkv(4, 100)
     mask = ragged_mask(100)
-    expected = attention_zoo.build("softmax", seq_len=100, num_heads=HEADS, head_dim=HEAD_DIM).eval()(q, k, v, mask)
+    expected = build_attention("softmax", 100)(q, k, v, mask)
     torch.testing.assert_close(build(100)(q, k, v, mask), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -69,10 +47,10 @@ def test_default_window_is_full_attention_on_short_sequences():
 def test_value_dim_may_differ_from_the_query_dim(num_global):
     n, window, value_dim = 23, 8, 2 * HEAD_DIM
     attn = build(n, window=window, num_global_tokens=num_global)
-    q, k, _ = inputs(4, n)
-    v = torch.randn(4, HEADS, n, value_dim, generator=torch.Generator().manual_seed(2))
+    q, k, _ = random_qkv(4, n)
+    v = random_values(4, n, value_dim, seed=2)
     mask = ragged_mask(n)
-    expected = dense_reference(q, k, v, mask, allowed_pairs(n, window, num_global))
+    expected = softmax_reference(q, k, v, mask, allowed_pairs(n, window, num_global))
     torch.testing.assert_close(attn(q, k, v, mask).double(), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -81,11 +59,11 @@ def test_value_dim_may_differ_from_the_query_dim(num_global):
 @pytest.mark.parametrize("window", [2, 8])
 def test_equals_dense_banded_reference(n, num_global, window):
     attn = build(n, window=window, num_global_tokens=num_global)
-    q, k, v = inputs(4, n)
+    q, k, v = random_qkv(4, n)
     mask = ragged_mask(n)
     allowed = allowed_pairs(n, window, num_global)
     for m in (mask, None):
-        expected = dense_reference(q, k, v, m, allowed)
+        expected = softmax_reference(q, k, v, m, allowed)
         torch.testing.assert_close(attn(q, k, v, m).double(), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -94,20 +72,13 @@ def test_band_is_exact(num_global):
     """Perturbing key/value j changes output row i exactly when |i - j| <= window / 2 or i or j is global."""
     n, window = 13, 4
     attn = build(n, window=window, num_global_tokens=num_global)
-    q, k, v = inputs(1, n)
-    reference = attn(q, k, v)
-    influence = torch.zeros(n, n, dtype=torch.bool)
-    for j in range(n):
-        k2, v2 = k.clone(), v.clone()
-        k2[:, :, j] += 10.0
-        v2[:, :, j] += 10.0
-        influence[:, j] = (attn(q, k2, v2) != reference).any(dim=-1).any(dim=1)[0]  # over heads and features
-    assert torch.equal(influence, allowed_pairs(n, window, num_global))
+    q, k, v = random_qkv(1, n)
+    assert torch.equal(influence(attn, q, k, v), allowed_pairs(n, window, num_global))
 
 
 def test_global_token_that_is_padding_has_no_influence():
     attn = build(10, window=2, num_global_tokens=1)
-    q, k, v = inputs(1, 10)
+    q, k, v = random_qkv(1, 10)
     mask = torch.ones(1, 10, dtype=torch.bool)
     mask[0, 0] = False
     k2, v2 = k.clone(), v.clone()
@@ -115,43 +86,29 @@ def test_global_token_that_is_padding_has_no_influence():
     out = attn(q, k, v, mask)
     assert torch.equal(attn(q, k2, v2, mask), out) and (out[:, :, 0] == 0).all()
     allowed = allowed_pairs(10, 2, 0)  # with the global token padded, only the band remains
-    torch.testing.assert_close(out.double(), dense_reference(q, k, v, mask, allowed), rtol=1e-5, atol=1e-6)
-
-
-class LargestAllocation(TorchDispatchMode):
-    """Records the largest storage (in elements) returned by any operator, forward and backward."""
-
-    largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                self.largest = max(self.largest, tensor.untyped_storage().nbytes() // tensor.element_size())
-        return out
+    torch.testing.assert_close(out.double(), softmax_reference(q, k, v, mask, allowed), rtol=1e-5, atol=1e-6)
 
 
 def test_largest_tensor_is_the_band_of_scores():
     """The biggest allocation, forward and backward, is the (n, g + 1.5 window) score block per head."""
     n, window, num_global = 4000, 64, 1
     attn = build(n, window=window, num_global_tokens=num_global).train()
-    q, k, v = (t.requires_grad_() for t in inputs(1, n))
-    with LargestAllocation() as record:
-        attn(q, k, v).square().sum().backward()
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, n))
+    largest, _ = forward_backward_allocation(attn, q, k, v)
     padded = -(-n // (window // 2)) * (window // 2)
-    assert record.largest == HEADS * padded * (num_global + 3 * window // 2) < n * n / 8
+    assert largest == HEADS * padded * (num_global + 3 * window // 2) < n * n / 8
 
 
 def test_dropout_only_in_training():
-    q, k, v = inputs(1, 20)
+    q, k, v = random_qkv(1, 20)
     attn = build(20, window=4, dropout=0.5)
-    expected = dense_reference(q, k, v, None, allowed_pairs(20, 4, 0))
+    expected = softmax_reference(q, k, v, None, allowed_pairs(20, 4, 0))
     torch.testing.assert_close(attn.eval()(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(attn.train()(q, k, v).double(), expected, atol=1e-3)
 
 
 def test_half_precision_runs_the_math_in_float32():
-    q, k, v = inputs(2, 50)
+    q, k, v = random_qkv(2, 50)
     attn = build(50, window=8, num_global_tokens=1)
     expected = attn(q, k, v)
     for dtype in (torch.float16, torch.bfloat16):

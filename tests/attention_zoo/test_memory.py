@@ -9,29 +9,12 @@ below n * n elements.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from zoo_inputs import LargestAllocation, forward_backward_allocation
 
 import attention_zoo
 
 HEADS, HEAD_DIM = 2, 32
 SIZES = (8192, 16384)
-
-
-class LargestAllocation(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0  # elements of the largest storage produced by any operator
-        self.operator = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
-                elements = tensor.untyped_storage().nbytes() // tensor.element_size()
-                if elements > self.largest:
-                    self.largest, self.operator = elements, str(func)
-        return out
 
 
 def largest_allocation(name: str, hparams: dict, seq_len: int) -> tuple[int, str]:
@@ -40,9 +23,7 @@ def largest_allocation(name: str, hparams: dict, seq_len: int) -> tuple[int, str
     q, k, v = (torch.randn(1, HEADS, seq_len, HEAD_DIM, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, seq_len, dtype=torch.bool)
     mask[0, -seq_len // 3 :] = False
-    with LargestAllocation() as record:
-        attn(q, k, v, mask).square().sum().backward()
-    return record.largest, record.operator
+    return forward_backward_allocation(attn, q, k, v, mask)
 
 
 def linear_cases() -> dict[str, tuple[str, dict]]:

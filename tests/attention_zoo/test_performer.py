@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from zoo_inputs import random_qkv
 
 import attention_zoo
 from attention_zoo.performer import gaussian_orthogonal_random_matrix, positive_random_features
@@ -15,9 +16,7 @@ def build(head_dim=8, heads=2, **hparams):
 
 def qkv(batch, heads, seq_len, head_dim, seed=0, qk_scale=0.5):
     """Small-norm queries and keys: the estimator's variance grows like exp(|q + k|^2 / sqrt(d))."""
-    generator = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=generator) for _ in range(3))
-    return qk_scale * q, qk_scale * k, v
+    return random_qkv(batch, seq_len, seed=seed, heads=heads, head_dim=head_dim, qk_scale=qk_scale)
 
 
 def softmax_attention(q, k, v, scale, mask=None):

@@ -1,32 +1,10 @@
 """Sinkhorn attention against dense float64 references: the balancing itself, and the attention given its matrix."""
 
-import math
-
 import pytest
 import torch
+from zoo_inputs import HEAD_DIM, HEADS, attend64, builder, ragged_mask, random_qkv, same_block, softmax_reference
 
-import attention_zoo
-
-HEADS, HEAD_DIM = 2, 8
-
-
-def build(seq_len, **hparams):
-    return attention_zoo.build("sinkhorn", seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).eval()
-
-
-def inputs(batch, n, value_dim=HEAD_DIM, scale=1.0, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    q, k = (scale * torch.randn(batch, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(2))
-    return q, k, torch.randn(batch, HEADS, n, value_dim, generator=generator, dtype=torch.float64)
-
-
-def ragged_mask(n):
-    """Row 0 unpadded, row 1 random padding, row 2 fully padded, row 3 right-padded after 40%."""
-    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(1)) < 0.7
-    mask[0] = True
-    mask[2] = False
-    mask[3] = torch.arange(n) < max(2 * n // 5, 1)
-    return mask
+build = builder("sinkhorn")
 
 
 def padded_blocks(x, mask, block):
@@ -66,26 +44,13 @@ def dense_reference(p, q, k, v, mask, block):
     q, _ = padded_blocks(q, None, block)
     k, real = padded_blocks(k, mask, block)
     v, _ = padded_blocks(v, mask, block)
-    total = k.shape[2]
     sort = torch.kron(p, torch.eye(block, dtype=p.dtype))  # (b, h, N, N)
     sorted_k, sorted_v = sort @ k, sort @ v
     sorted_real = (sort @ real[:, None, :, None].double()).squeeze(-1) > 0  # (b, h, N)
-    position_block = torch.arange(total) // block
-    same_block = position_block[:, None] == position_block[None, :]  # (N, N)
-
-    def softmax_attention(keys, values, allowed):
-        scores = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        return torch.nan_to_num(scores.masked_fill(~allowed, float("-inf")).softmax(-1)) @ values
-
-    out = softmax_attention(k, v, same_block & real[:, None, None, :])
-    out = out + softmax_attention(sorted_k, sorted_v, same_block & sorted_real[:, :, None, :])
+    local = same_block(k.shape[2], block)  # (N, N)
+    out = softmax_reference(q, k, v, allowed=local & real[:, None, None, :])
+    out = out + softmax_reference(q, sorted_k, sorted_v, allowed=local & sorted_real[:, :, None, :])
     out = out[:, :, :n]
-    return out if mask is None else out * mask[:, None, :, None]
-
-
-def attend64(attn, q, k, v, mask):
-    """The algorithm itself in float64 (forward() takes float32 and below), padded rows zeroed as forward does."""
-    out = attn.attend(q, k, v, mask)
     return out if mask is None else out * mask[:, None, :, None]
 
 
@@ -95,16 +60,16 @@ CASES = [(1, 4, 1), (7, 4, 1), (16, 4, 3), (37, 4, 1), (37, 4, 5), (50, 16, 2), 
 @pytest.mark.parametrize(("n", "block", "iterations"), CASES)
 def test_the_sorting_matrix_is_plain_sinkhorn_over_the_sort_net_scores(n, block, iterations):
     attn = build(n, block_size=block, sinkhorn_iterations=iterations, temperature=0.75)
-    _, k, _ = inputs(4, n, scale=0.3)
-    for mask in (ragged_mask(n), None):
+    _, k, _ = random_qkv(4, n, dtype=torch.float64, qk_scale=0.3)
+    for mask in (ragged_mask(n, row3=max(2 * n // 5, 1)), None):
         torch.testing.assert_close(attn.sorting_matrix(k, mask), plain_sinkhorn(attn, k, mask), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize(("n", "block", "iterations"), CASES)
 def test_equals_the_dense_equations_for_its_sorting_matrix_in_float64(n, block, iterations):
     attn = build(n, block_size=block, sinkhorn_iterations=iterations)
-    q, k, v = inputs(4, n, value_dim=2 * HEAD_DIM)
-    for mask in (ragged_mask(n), None):
+    q, k, v = random_qkv(4, n, dtype=torch.float64, value_dim=2 * HEAD_DIM)
+    for mask in (ragged_mask(n, row3=max(2 * n // 5, 1)), None):
         p = attn.sorting_matrix(k, mask)
         expected = dense_reference(p, q, k, v, mask, block)
         torch.testing.assert_close(attend64(attn, q, k, v, mask), expected, rtol=1e-6, atol=1e-6)
@@ -114,8 +79,8 @@ def test_equals_the_dense_equations_for_its_sorting_matrix_in_float64(n, block, 
 
 def test_the_sorting_matrix_is_doubly_stochastic_over_the_real_blocks():
     n, block = 90, 6
-    _, k, _ = inputs(4, n, scale=0.2)
-    mask = ragged_mask(n)
+    _, k, _ = random_qkv(4, n, dtype=torch.float64, qk_scale=0.2)
+    mask = ragged_mask(n, row3=max(2 * n // 5, 1))
     blocks = n // block
     block_real = mask.view(4, blocks, block).any(-1)  # (b, c)
     torch.manual_seed(0)
@@ -136,14 +101,12 @@ def test_an_identity_sorting_matrix_gives_twice_the_local_block_attention(monkey
     """With P = I every block is sorted onto itself: both halves are the block-local softmax attention."""
     n, block = 30, 5
     attn = build(n, block_size=block)
-    q, k, v = inputs(4, n)
-    mask = ragged_mask(n)
+    q, k, v = random_qkv(4, n, dtype=torch.float64)
+    mask = ragged_mask(n, row3=max(2 * n // 5, 1))
     monkeypatch.setattr(
         attn, "sorting_matrix", lambda k, mask: torch.eye(n // block, dtype=torch.float64).expand(4, HEADS, -1, -1)
     )
-    same_block = (torch.arange(n) // block)[:, None] == (torch.arange(n) // block)[None, :]
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)).masked_fill(~(same_block & mask[:, None, None, :]), float("-inf"))
-    local = torch.nan_to_num(scores.softmax(-1)) @ v * mask[:, None, :, None]
+    local = softmax_reference(q, k, v, mask, same_block(n, block))
     torch.testing.assert_close(attend64(attn, q, k, v, mask), 2 * local, rtol=1e-10, atol=1e-10)
 
 

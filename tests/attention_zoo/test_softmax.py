@@ -1,20 +1,10 @@
 """Softmax attention against a naive float64 reference."""
 
-import math
-
 import pytest
 import torch
+from zoo_inputs import softmax_reference
 
 import attention_zoo
-
-
-def naive_softmax_attention(q, k, v, mask):
-    q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (b, h, n, n)
-    if mask is not None:
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    out = torch.nan_to_num(scores.softmax(-1)) @ v  # a fully padded row has no softmax: NaN -> 0
-    return out if mask is None else out * mask[:, None, :, None]
 
 
 @pytest.mark.parametrize("seq_len", [1, 5, 130])
@@ -29,8 +19,8 @@ def test_equals_naive_reference_with_masks(seq_len, value_dim):
     mask[1] = False
     mask[2, 0] = True
     out = attn(q, k, v, mask)
-    torch.testing.assert_close(out.double(), naive_softmax_attention(q, k, v, mask), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(attn(q, k, v).double(), naive_softmax_attention(q, k, v, None), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.double(), softmax_reference(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn(q, k, v).double(), softmax_reference(q, k, v, None), rtol=1e-5, atol=1e-6)
     assert (out[1] == 0).all()
 
 
@@ -38,7 +28,7 @@ def test_dropout_only_in_training():
     torch.manual_seed(0)
     attn = attention_zoo.build("softmax", seq_len=16, num_heads=1, head_dim=4, dropout=0.5)
     q, k, v = (torch.randn(1, 1, 16, 4) for _ in range(3))
-    expected = naive_softmax_attention(q, k, v, None)
+    expected = softmax_reference(q, k, v, None)
     torch.testing.assert_close(attn.eval()(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(attn.train()(q, k, v).double(), expected, atol=1e-3)
 

@@ -4,32 +4,16 @@ import math
 
 import pytest
 import torch
+from zoo_inputs import HEAD_DIM, HEADS, attend64, build_attention, ragged_mask, random_qkv
 
 import attention_zoo
 
-HEADS, HEAD_DIM = 2, 8
 VARIANTS = ["dense", "random", "factorized_random"]
 
 
 def build(seq_len, **hparams):
     hparams.setdefault("dropout", 0.0)
-    return attention_zoo.build("synthesizer", seq_len=seq_len, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).eval()
-
-
-def inputs(batch, n, seed=0, dtype=torch.float32, value_dim=HEAD_DIM):
-    generator = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(batch, HEADS, n, HEAD_DIM, generator=generator, dtype=dtype) for _ in range(2))
-    return q, k, torch.randn(batch, HEADS, n, value_dim, generator=generator, dtype=dtype)
-
-
-def ragged_mask(n):
-    """Row 0 unpadded, row 1 random padding, row 2 fully padded, row 3 only its first token real."""
-    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(1)) < 0.7
-    mask[0] = True
-    mask[2] = False
-    mask[3] = False
-    mask[3, 0] = True
-    return mask
+    return build_attention("synthesizer", seq_len, **hparams)
 
 
 def randomise(attn):
@@ -74,19 +58,17 @@ def test_float64_equals_the_papers_equations(variant, dot_product, n):
     """The algorithm run in float64 (``attend`` directly: ``forward`` takes the harness's dtypes only)."""
     attn = build(20, variant=variant, dot_product=dot_product, k=4).double()
     randomise(attn)
-    q, k, v = inputs(4, n, dtype=torch.float64, value_dim=12)
+    q, k, v = random_qkv(4, n, dtype=torch.float64, value_dim=12)
     mask = ragged_mask(n)
     for m in (mask, None):
-        out = attn.attend(q, k, v, m)
-        out = out if m is None else out * m[:, None, :, None]
-        torch.testing.assert_close(out, reference(attn, q, k, v, m), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(attend64(attn, q, k, v, m), reference(attn, q, k, v, m), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_float32_forward_equals_the_reference(variant):
     attn = build(30, variant=variant, dot_product=variant == "random")
     randomise(attn)
-    q, k, v = inputs(4, 25)
+    q, k, v = random_qkv(4, 25)
     mask = ragged_mask(25)
     torch.testing.assert_close(attn(q, k, v, mask).double(), reference(attn, q, k, v, mask), rtol=1e-5, atol=1e-5)
 
@@ -94,9 +76,9 @@ def test_float32_forward_equals_the_reference(variant):
 def test_dense_output_does_not_depend_on_the_keys():
     attn = build(16, variant="dense")
     randomise(attn)
-    q, k, v = inputs(4, 16)
+    q, k, v = random_qkv(4, 16)
     mask = ragged_mask(16)
-    other_k = inputs(4, 16, seed=5)[1] * 100
+    other_k = random_qkv(4, 16, seed=5)[1] * 100
     assert torch.equal(attn(q, k, v, mask), attn(q, other_k, v, mask))
     assert not torch.allclose(attn(q, k, v, mask), attn(q * 2, k, v, mask)), "the dense logits come from the queries"
 
@@ -105,9 +87,9 @@ def test_dense_output_does_not_depend_on_the_keys():
 def test_random_output_depends_on_neither_queries_nor_keys(variant):
     attn = build(16, variant=variant)
     randomise(attn)
-    q, k, v = inputs(4, 16)
+    q, k, v = random_qkv(4, 16)
     mask = ragged_mask(16)
-    other_q, other_k, _ = inputs(4, 16, seed=5)
+    other_q, other_k, _ = random_qkv(4, 16, seed=5)
     assert torch.equal(attn(q, k, v, mask), attn(100 * other_q, 100 * other_k, v, mask))
     # and every sequence gets the same attention matrix: with identity values, the output is the matrix itself
     identity = torch.eye(16).expand(4, HEADS, 16, 16)
@@ -119,7 +101,7 @@ def test_random_output_depends_on_neither_queries_nor_keys(variant):
 def test_right_padding_equals_the_unpadded_sequence(variant):
     attn = build(32, variant=variant, dot_product=True)
     randomise(attn)
-    q, k, v = inputs(1, 32)
+    q, k, v = random_qkv(1, 32)
     mask = torch.zeros(1, 32, dtype=torch.bool)
     mask[0, :20] = True
     padded = attn(q, k, v, mask)[:, :, :20]
@@ -131,7 +113,7 @@ def test_right_padding_equals_the_unpadded_sequence(variant):
 def test_longer_inputs_are_an_error(variant):
     attn = build(16, variant=variant)
     with pytest.raises(ValueError, match="exceeds seq_len=16"):
-        attn(*inputs(1, 17))
+        attn(*random_qkv(1, 17))
 
 
 def test_parameters_and_initialisation():
@@ -155,7 +137,7 @@ def test_parameters_and_initialisation():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_synthetic_weights_are_learned(variant):
     attn = build(16, variant=variant).train()
-    q, k, v = inputs(2, 16)
+    q, k, v = random_qkv(2, 16)
     (attn(q, k, v) * torch.randn(2, HEADS, 16, HEAD_DIM)).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in attn.parameters())
 
@@ -170,7 +152,7 @@ def test_the_presets():
 
 def test_dropout_only_in_training():
     attn = build(16, variant="random", dropout=0.5)
-    q, k, v = inputs(2, 16)
+    q, k, v = random_qkv(2, 16)
     v = v[:1].expand_as(v)  # both sequences the same, so only dropout can tell them apart
     expected = attn(q, k, v)
     torch.manual_seed(0)
