@@ -9,8 +9,9 @@ so an installed copy works from any folder. Python adds:
   ``conf/attention/<row>.yaml`` selects one (``defaults: [/attention_zoo@_here_: <name>]``) and may
   override some of its hyperparameters, so the values live once, in ``attention_zoo``, and every one
   of them can be changed on the command line as ``attention.hparams.<key>=...``;
-* the resolvers ``lra_run_name`` (a run folder's name from its overrides) and ``lra_table3_rows``
-  (the YOSO paper's rows, :mod:`lra.paper`, which ``experiment=table3`` sweeps).
+* the resolvers ``lra_run_name`` (a run folder's name from its overrides) and ``lra_paper_rows``
+  (a published table's rows, :mod:`lra.paper`: ``${lra_paper_rows:table3}`` is what
+  ``experiment=table3`` sweeps).
 
 This module imports ``attention_zoo`` (and so torch) but not Lightning, the model or the data:
 composing a configuration (``--cfg job``, ``--help``) does not pay for what only training needs.
@@ -50,10 +51,17 @@ def run_name(overrides: str) -> str:
     return f"{overrides[: MAX_RUN_NAME - 13]}-{digest}"
 
 
+def paper_rows(name: str) -> str:
+    """The rows of the published table ``name`` (:data:`lra.paper.TABLES`), as a sweep's list."""
+    if name not in paper.TABLES:
+        raise ValueError(f"no published table {name!r}; known: {', '.join(paper.TABLES)}")
+    return ",".join(paper.TABLES[name].presets)
+
+
 def register() -> None:
     """Add the resolvers and the ``attention_zoo`` group (again, to pick up attentions registered since)."""
     OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
-    OmegaConf.register_new_resolver("lra_table3_rows", lambda: ",".join(paper.ROWS), replace=True)
+    OmegaConf.register_new_resolver("lra_paper_rows", paper_rows, replace=True)
     store = ConfigStore.instance()
     for name in attention_zoo.available():
         store.store(group="attention_zoo", name=name, node=_node(name, name))

@@ -1,8 +1,14 @@
-"""Table 3 of the YOSO paper (ICML 2021): its rows, in its order, with their labels and test accuracies.
+"""The published tables this harness reproduces: their rows, in their order, with labels and test accuracies.
 
-The one list of the table's rows: ``python -m lra.train -m experiment=table3`` sweeps them (through the
-``lra_table3_rows`` resolver, :mod:`lra.config`) and ``lra.table`` lays them out. A row is named by its
-preset in ``conf/attention/`` (``attention=<row>``).
+* Table 3 of the YOSO paper (Zeng et al., ICML 2021): ``experiment=table3`` sweeps its rows,
+  ``python -m lra.table`` lays them out (``table3.*``).
+* Table 1 of the Long Range Arena paper (Tay et al., ICLR 2021; the numbers of its repository's
+  README "as of 8 Nov 2020"): ``experiment=lra_table1`` sweeps its rows, ``python -m lra.table
+  --paper lra_table1`` lays them out (``lra_table1.*``). Path-X is not a column: every row of it
+  FAILed there.
+
+A row is named by its preset in ``conf/attention/`` (``attention=<row>``). The sweeps read the rows
+through the resolver ``lra_paper_rows`` (:mod:`lra.config`): ``${lra_paper_rows:lra_table1}``.
 """
 
 from __future__ import annotations
@@ -17,18 +23,70 @@ class Row:
     accuracy: dict[str, float]  # test accuracy (%) per task
 
 
-TABLE3 = (
-    Row("none", "none", dict(listops=19.20, text=61.11, retrieval=74.78, image=33.86, pathfinder=66.51)),
-    Row("softmax", "softmax", dict(listops=37.10, text=65.02, retrieval=79.35, image=38.20, pathfinder=74.16)),
-    Row("yoso_e", "yoso-e", dict(listops=37.30, text=64.71, retrieval=81.16, image=39.78, pathfinder=72.90)),
-    Row("nystromformer", "nystromformer", dict(listops=37.15, text=65.52, retrieval=79.56, image=41.58, pathfinder=70.94)),
-    Row("longformer", "longformer", dict(listops=37.20, text=64.60, retrieval=80.97, image=39.06, pathfinder=73.01)),
-    Row("linformer", "linformer", dict(listops=37.25, text=55.91, retrieval=79.37, image=37.84, pathfinder=67.60)),
-    Row("reformer", "reformer", dict(listops=19.05, text=64.88, retrieval=78.64, image=43.29, pathfinder=69.36)),
-    Row("performer", "performer", dict(listops=18.80, text=63.81, retrieval=78.62, image=37.07, pathfinder=69.87)),
-    Row("yoso_32", "yoso-32", dict(listops=37.25, text=63.12, retrieval=78.69, image=40.21, pathfinder=72.33)),
-    Row("yoso_c_16", "yoso-C-16", dict(listops=37.40, text=64.28, retrieval=77.61, image=44.67, pathfinder=71.86)),
-    Row("yoso_star_16", "*yoso-16", dict(listops=37.20, text=62.97, retrieval=79.02, image=40.50, pathfinder=72.05)),
-    Row("yoso_star_c_16", "*yoso-C-16", dict(listops=37.35, text=65.89, retrieval=78.80, image=45.93, pathfinder=71.39)),
+@dataclass(frozen=True)
+class PaperTable:
+    name: str  # the tables' files, <name>.{md,csv,tex,png}, and the experiment that sweeps the rows
+    title: str  # "Table 3"
+    source: str  # the paper, as the legend names it
+    rows: tuple[Row, ...]
+
+    @property
+    def presets(self) -> tuple[str, ...]:
+        return tuple(row.preset for row in self.rows)
+
+    def number(self, preset: str, task: str) -> float:
+        """The paper's test accuracy (%) of a row and task, NaN where it has none."""
+        row = next((row for row in self.rows if row.preset == preset), None)
+        return row.accuracy.get(task, float("nan")) if row else float("nan")
+
+    def label(self, preset: str) -> str:
+        return next((row.label for row in self.rows if row.preset == preset), preset)
+
+
+def _row(preset: str, label: str, listops: float, text: float, retrieval: float, image: float, pathfinder: float) -> Row:
+    return Row(preset, label, dict(listops=listops, text=text, retrieval=retrieval, image=image, pathfinder=pathfinder))
+
+
+TABLE3 = PaperTable(
+    "table3",
+    "Table 3",
+    "the YOSO paper's Table 3",
+    (
+        _row("none", "none", 19.20, 61.11, 74.78, 33.86, 66.51),
+        _row("softmax", "softmax", 37.10, 65.02, 79.35, 38.20, 74.16),
+        _row("yoso_e", "yoso-e", 37.30, 64.71, 81.16, 39.78, 72.90),
+        _row("nystromformer", "nystromformer", 37.15, 65.52, 79.56, 41.58, 70.94),
+        _row("longformer", "longformer", 37.20, 64.60, 80.97, 39.06, 73.01),
+        _row("linformer", "linformer", 37.25, 55.91, 79.37, 37.84, 67.60),
+        _row("reformer", "reformer", 19.05, 64.88, 78.64, 43.29, 69.36),
+        _row("performer", "performer", 18.80, 63.81, 78.62, 37.07, 69.87),
+        _row("yoso_32", "yoso-32", 37.25, 63.12, 78.69, 40.21, 72.33),
+        _row("yoso_c_16", "yoso-C-16", 37.40, 64.28, 77.61, 44.67, 71.86),
+        _row("yoso_star_16", "*yoso-16", 37.20, 62.97, 79.02, 40.50, 72.05),
+        _row("yoso_star_c_16", "*yoso-C-16", 37.35, 65.89, 78.80, 45.93, 71.39),
+    ),
 )
-ROWS = tuple(row.preset for row in TABLE3)
+
+# In the LRA paper's order (Transformer first). Its Transformer is our softmax row; its Sparse
+# Transformer ran the causal masks of LRA's code (preset sparse_transformer_lra_causal, see
+# conf/attention/sparse_transformer.yaml).
+LRA_TABLE1 = PaperTable(
+    "lra_table1",
+    "LRA Table 1",
+    "the Long Range Arena paper's Table 1 (Tay et al., ICLR 2021)",
+    (
+        _row("softmax", "Transformer", 36.37, 64.27, 57.46, 42.44, 71.40),
+        _row("local", "Local Attention", 15.82, 52.98, 53.39, 41.46, 66.63),
+        _row("sparse_transformer", "Sparse Trans.", 17.07, 63.58, 59.59, 44.24, 71.71),
+        _row("longformer", "Longformer", 35.63, 62.85, 56.89, 42.22, 69.71),
+        _row("linformer", "Linformer", 35.70, 53.94, 52.27, 38.56, 76.34),
+        _row("reformer", "Reformer", 37.27, 56.10, 53.40, 38.07, 68.50),
+        _row("sinkhorn", "Sinkhorn Trans.", 33.67, 61.20, 53.83, 41.23, 67.45),
+        _row("synthesizer", "Synthesizer", 36.99, 61.68, 54.67, 41.61, 69.45),
+        _row("bigbird", "BigBird", 36.05, 64.02, 59.29, 40.83, 74.87),
+        _row("linear_transformer", "Linear Trans.", 16.13, 65.90, 53.09, 42.34, 75.30),
+        _row("performer", "Performer", 18.01, 65.40, 53.82, 42.77, 77.05),
+    ),
+)
+
+TABLES = {table.name: table for table in (TABLE3, LRA_TABLE1)}

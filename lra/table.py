@@ -1,10 +1,13 @@
-"""Table 3 of the YOSO paper from the runs' records, beside the paper's: ``python -m lra.table``.
+"""A published table from the runs' records, beside the paper's: ``python -m lra.table [--paper NAME]``.
 
-Reads every ``results.json`` under the output folder (``outputs/``, ``$LRA_OUTPUT_DIR``) and the run
-records committed under ``results/runs/``, and writes ``table3.{md,csv,tex,png}`` and
-``table3_agreement.csv`` into the output folder: the user's table, beside the user's runs.
+The tables (:data:`lra.paper.TABLES`): ``table3``, Table 3 of the YOSO paper (the default), and
+``lra_table1``, Table 1 of the LRA paper, each in its paper's row order and labels; the rules below
+are the same for both ("the paper" is the table's). Reads every ``results.json`` under the output
+folder (``outputs/``, ``$LRA_OUTPUT_DIR``) and the run records committed under ``results/runs/``, and
+writes ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` into the output folder: the user's
+table, beside the user's runs.
 ``--collect`` copies the finished local runs into ``results/runs/`` (one small JSON each, without
-machine-specific paths), and ``--committed`` (implied by ``--collect``) writes ``results/table3.*``
+machine-specific paths), and ``--committed`` (implied by ``--collect``) writes ``results/<name>.*``
 from the committed records alone, so the committed table never holds a run that is not committed
 beside it.
 
@@ -12,7 +15,7 @@ What the table shows: one section per protocol (and per setting in which that pr
 differ), with a row per Table 3 row that has a cell there and, for each of the paper's five tasks,
 our cell beside the paper's number. Under the rows, per task, how the section agrees with the
 paper: Spearman's rank correlation of our row means with the paper's column and, for ListOps, how
-many rows fall on the paper's side of its split (it has every row at about 37% or about 19%). A
+many rows fall on the paper's side of its split (both papers have every row at 34-37% or 16-19%). A
 task with no cell in the section keeps its columns (the paper's numbers) and says how to get its
 data. Runs that are not cells (failed runs, rows the paper does not have) are listed once at the end.
 
@@ -44,8 +47,9 @@ Rules (each in one place below):
   Spearman's rho with ties at their average rank, from 3 rows up; the ListOps split at
   ``LISTOPS_SPLIT`` (28%): a row is on the paper's side when its mean is on the same side of 28% as
   the paper's number.
-* Failed runs of a configuration and seed with no finished run, and runs of a row that is not in
-  the paper's Table 3 (``lra/paper.py``), are not cells: they are listed once, at the end.
+* Failed runs of a configuration and seed with no finished run, and runs of a row that is in no
+  published table (``lra/paper.py``), are not cells: they are listed once, at the end. A row of the
+  other table only is left out without a word: it is that table's.
 
 Writing twice from the same records gives the same files.
 """
@@ -66,16 +70,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import paper
 from .data.tasks import TASKS as TASK_SPECS
+from .paper import TABLE3, TABLES, PaperTable, Row
 from .results import RESULTS_FILE, with_added_settings
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
-#: Table 3 of the YOSO paper (ICML 2021): test accuracy (%) per row (our preset names) and task.
-PAPER_TABLE3: dict[str, dict[str, float]] = {row.preset: row.accuracy for row in paper.TABLE3}
-PAPER_LABELS = {row.preset: row.label for row in paper.TABLE3}
-#: The paper's ListOps rows sit at about 37% (they learn the task) or about 19% (they do not): a row is on
+#: Both papers' ListOps rows sit at 34-37% (they learn the task) or 16-19% (they do not): a row is on
 #: the paper's side of this split when its mean is on the same side of it as the paper's number.
 LISTOPS_SPLIT = 28.0
 MIN_RANKED_ROWS = 3  # Spearman's rho only from this many rows up (two rows always give +-1)
@@ -198,25 +199,25 @@ def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
 
 
-def is_paper_row(row: str) -> bool:
-    """Whether a run's row (its preset, with any command-line change) is a row of the paper's Table 3."""
-    return row.split(" ")[0] in paper.ROWS
+def is_paper_row(row: str, published: PaperTable) -> bool:
+    """Whether a run's row (its preset, with any command-line change) is a row of the paper's table."""
+    return row.split(" ")[0] in published.presets
 
 
-def paper_number(row: str, task: str) -> float:
-    """The paper's Table 3 number for a row label and task: for one of its rows as the preset defines it
+def paper_number(row: str, task: str, published: PaperTable) -> float:
+    """The paper's number for a row label and task: for one of its rows as the preset defines it
     (``yoso_32``), not for a changed or split one (``yoso_32 attention.num_hashes=16``); NaN otherwise."""
-    return PAPER_TABLE3.get(row, {}).get(task, math.nan)
+    return published.number(row, task)
 
 
-def row_order(label: str) -> tuple[int, str]:
+def row_order(label: str, published: PaperTable) -> tuple[int, str]:
     """Rows in the paper's order, a changed or split row after its preset."""
-    return paper.ROWS.index(label.split(" ")[0]), label
+    return published.presets.index(label.split(" ")[0]), label
 
 
-def row_label(row: str) -> str:
+def row_label(row: str, published: PaperTable) -> str:
     base, _, rest = row.partition(" ")
-    return PAPER_LABELS.get(base, base) + (f" {rest}" if rest else "")
+    return published.label(base) + (f" {rest}" if rest else "")
 
 
 def configs_of(runs: pd.DataFrame) -> pd.DataFrame:
@@ -273,7 +274,7 @@ def on_papers_side(cells: pd.DataFrame) -> pd.Series:
     return side.astype("boolean").where(listops)
 
 
-def cell_frame(runs: pd.DataFrame) -> pd.DataFrame:
+def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     """One row per cell, indexed by (section, row label, task): the runs pooled, their mean, standard error,
     the paper's number, whether the cell is its task's best and (ListOps) on the paper's side."""
     by_cell = runs.sort_values("seed", kind="stable").groupby(["section", "label", "task"])
@@ -291,7 +292,7 @@ def cell_frame(runs: pd.DataFrame) -> pd.DataFrame:
     cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, binomial)
     cells["generated"] = cells["data_source"].str.contains("generated")
     labels, tasks = cells.index.get_level_values("label"), cells.index.get_level_values("task")
-    cells["paper"] = [paper_number(label, task) for label, task in zip(labels, tasks)]
+    cells["paper"] = [paper_number(label, task, published) for label, task in zip(labels, tasks)]
     cells["best"] = best_rows(cells)
     cells["papers_side"] = on_papers_side(cells)
     return cells
@@ -359,6 +360,7 @@ class Section:
     protocol: str
     not_paper_because: str  # what differs from the paper's protocol and model; "" where nothing does
     cells: pd.DataFrame  # indexed by (row label, task); the columns of cell_frame
+    published: PaperTable = TABLE3
     duplicates: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -372,7 +374,7 @@ class Section:
 
     @property
     def rows(self) -> list[str]:
-        return sorted(self.cells.index.unique("label"), key=row_order)
+        return sorted(self.cells.index.unique("label"), key=lambda label: row_order(label, self.published))
 
     @property
     def tasks(self) -> list[str]:
@@ -401,13 +403,14 @@ class Section:
 
 @dataclass
 class Table:
+    published: PaperTable
     sections: list[Section]
     left_out: pd.DataFrame  # runs that are not cells: task, row, seed, protocol, config_hash, why
 
 
-def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame) -> pd.DataFrame:
+def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     """Runs that are not cells, each once: the latest record of a configuration and seed with no finished run, and
-    the counted runs of rows the paper's Table 3 does not have."""
+    the counted runs of rows the paper's table does not have."""
     done = pd.MultiIndex.from_frame(runs.loc[runs["status"] == "finished", ["setting", "seed"]])
     failed = runs[runs["status"] != "finished"].sort_values("finished_at", kind="stable")
     failed = failed.drop_duplicates(["setting", "seed"], keep="last")
@@ -415,7 +418,7 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame) -> pd.DataFrame:
     failed = failed.assign(why=[f"{status}: {error or status}" for status, error in zip(failed["status"], failed["error"])])
     unknown = unknown.assign(
         why=[
-            f"finished at {accuracy:.2f}%, but {row.split(' ')[0]} is not a row of the paper's Table 3 (lra/paper.py)"
+            f"finished at {accuracy:.2f}%, but {row.split(' ')[0]} is not a row of the paper's {published.title} (lra/paper.py)"
             for accuracy, row in zip(unknown["accuracy"], unknown["row"])
         ]
     )
@@ -424,28 +427,33 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame) -> pd.DataFrame:
     return left_out.sort_values(["task", "row", "seed", "protocol", "config_hash"]).reset_index(drop=True)
 
 
-def build(records: list[dict[str, Any]]) -> Table:
-    """The table of ``records``: its sections of cells, and the runs that are not cells."""
+def build(records: list[dict[str, Any]], published: PaperTable = TABLE3) -> Table:
+    """The table of ``records`` for the paper's table ``published``: its sections of cells, and the runs that are not
+    cells."""
     runs = frame(records)
     if runs.empty:
-        return Table([], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]))
+        return Table(published, [], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]))
     finished = runs[runs["status"] == "finished"].sort_values("finished_at", kind="stable")
     # One record per configuration, data source and seed: the latest finished.
     copies = finished.groupby(SAME_RUN, dropna=False).size().rename("copies")
     counted = finished.drop_duplicates(SAME_RUN, keep="last").join(copies, on=SAME_RUN)
-    in_table = counted["row"].map(is_paper_row).astype(bool)
+    in_table = counted["row"].map(lambda row: is_paper_row(row, published)).astype(bool)
+    # A row of another published table is that table's, not a run this one leaves out.
+    elsewhere = counted["row"].map(lambda row: any(is_paper_row(row, other) for other in TABLES.values())).astype(bool)
+    unknown = counted[~in_table & ~elsewhere]
     cell_runs = counted[in_table].copy()
     if cell_runs.empty:
-        return Table([], left_out_runs(runs, counted[~in_table]))
+        return Table(published, [], left_out_runs(runs, unknown, published))
     cell_runs["section"] = section_titles(cell_runs)
     cell_runs["label"] = row_labels(cell_runs)
-    cells = cell_frame(cell_runs)
+    cells = cell_frame(cell_runs, published)
     sections = [
         Section(
             title=title,
             protocol=runs_of["protocol"].iloc[0],
             not_paper_because=not_paper_because(runs_of),
             cells=cells.xs(title, level="section"),
+            published=published,
             duplicates=[
                 f"{run.task} / {run.row} / seed {run.seed}: {run.copies} runs of one configuration, "
                 f"the latest ({run.finished_at}) counts"
@@ -456,7 +464,7 @@ def build(records: list[dict[str, Any]]) -> Table:
     ]
     # The paper's protocol first, then the others by name.
     sections.sort(key=lambda s: (s.protocol != "paper", s.protocol, s.title))
-    return Table(sections, left_out_runs(runs, counted[~in_table]))
+    return Table(published, sections, left_out_runs(runs, unknown, published))
 
 
 @dataclass(frozen=True)
@@ -520,21 +528,24 @@ def section_frame(section: Section, style: Style) -> pd.DataFrame:
         columns[label, "ours"] = [cell_text(section, row, task, style) for row in section.rows] + [
             *agreement_text(section, task, style)
         ]
-        columns[label, paper_column] = [number(paper_number(row, task)) for row in section.rows] + ["", ""]
+        columns[label, paper_column] = [number(paper_number(row, task, section.published)) for row in section.rows] + ["", ""]
     averages = [section.average(row) for row in section.rows]
     if any(average is not None for average in averages):
-        paper_averages = [pd.Series(PAPER_TABLE3.get(row, {})).reindex(list(TASKS)).mean() for row in section.rows]
+        paper_averages = [
+            pd.Series({task: paper_number(row, task, section.published) for task in TASKS}).mean() for row in section.rows
+        ]
         columns["avg", "ours"] = [number(average) for average in averages] + ["", ""]
         columns["avg", paper_column] = [number(average) for average in paper_averages] + ["", ""]
-    text = pd.DataFrame(columns, index=[row_label(row) for row in section.rows] + [RHO_ROW.format(rho=style.rho), SIDE_ROW])
+    labels = [row_label(row, section.published) for row in section.rows]
+    text = pd.DataFrame(columns, index=labels + [RHO_ROW.format(rho=style.rho), SIDE_ROW])
     return text if section.has_cells("listops") else text.iloc[:-1]
 
 
-def paper_split() -> tuple[list[str], list[str]]:
-    """The paper's ListOps rows above and below LISTOPS_SPLIT, by their labels."""
+def paper_split(published: PaperTable) -> tuple[list[Row], list[Row]]:
+    """The paper's ListOps rows above and below LISTOPS_SPLIT."""
     return (
-        [row.label for row in paper.TABLE3 if row.accuracy["listops"] >= LISTOPS_SPLIT],
-        [row.label for row in paper.TABLE3 if row.accuracy["listops"] < LISTOPS_SPLIT],
+        [row for row in published.rows if row.accuracy["listops"] >= LISTOPS_SPLIT],
+        [row for row in published.rows if row.accuracy["listops"] < LISTOPS_SPLIT],
     )
 
 
@@ -562,21 +573,25 @@ def describe_section(section: Section) -> list[str]:
     return lines
 
 
-def legend() -> list[str]:
-    learn, chance = paper_split()
+def legend(published: PaperTable) -> list[str]:
+    learn, chance = paper_split(published)
+
+    def group(rows: list[Row]) -> str:
+        return f"{', '.join(row.label for row in rows)} at about {np.mean([row.accuracy['listops'] for row in rows]):.0f}%"
+
     text = (
-        "Each section is one protocol with the settings its runs differ in (its title): a row per Table 3 row with a "
+        f"Each section is one protocol with the settings its runs differ in (its title): a row per {published.title} row with a "
         "cell there and, per task, our cell beside the paper's number. Our cell: the mean test accuracy of the "
         "best-validation checkpoint ± its standard error (over seeds, std / √k, where a cell has k ≥ 2 seeds; else the "
         "binomial error √(p(1 − p)/n) of one run on its n test samples). Bold: the best of a task where it beats the "
         "next row by more than twice the standard error of the difference. † = generated data (the official "
         "generators' algorithms, not the LRA release). A cell pools only runs whose whole configuration is equal but "
-        "for the seed. The paper column is the YOSO paper's Table 3, under its full protocol (`experiment=paper`), "
+        f"for the seed. The paper column is {published.source}, under its full protocol (`experiment=paper`), "
         "marked ‡ where the section's protocol is not the paper's: there it is a reference for the ranking, not a "
         "target. Under the rows, per task, how the section agrees with the paper over the rows that have its number: "
         f"Spearman's ρ of our means with the paper's (ties at their average rank; from {MIN_RANKED_ROWS} rows) and, "
-        f"for ListOps, the rows on the paper's side of its split: the paper has {', '.join(learn)} at about 37% and "
-        f"{', '.join(chance)} at about 19%, and a row is on its side when its mean is ≥ {LISTOPS_SPLIT:g}% for the "
+        f"for ListOps, the rows on the paper's side of its split: the paper has {group(learn)} and "
+        f"{group(chance)}, and a row is on its side when its mean is ≥ {LISTOPS_SPLIT:g}% for the "
         f"first group, < {LISTOPS_SPLIT:g}% for the second. A task without runs in a section says how to get its data. "
         "Failed runs and runs of rows the paper does not have are listed at the end, not in the table."
     )
@@ -597,20 +612,21 @@ def markdown_table(text: pd.DataFrame, num_rows: int) -> list[str]:
     ]
 
 
-def left_out_lines(left_out: pd.DataFrame) -> list[str]:
+def left_out_lines(left_out: pd.DataFrame, published: PaperTable) -> list[str]:
     return [
-        f"- {run.task} / {row_label(run.row)} / seed {run.seed}, protocol {run.protocol}, config {run.config_hash[:8]}: {run.why}"
+        f"- {run.task} / {row_label(run.row, published)} / seed {run.seed}, protocol {run.protocol}, "
+        f"config {run.config_hash[:8]}: {run.why}"
         for run in left_out.itertuples()
     ]
 
 
-def markdown(table: Table, source: str, title: str = "Table 3") -> str:
+def markdown(table: Table, source: str, title: str | None = None) -> str:
     lines = [
-        f"# {title}: LRA test accuracy (%), ours beside the paper's",
+        f"# {title or table.published.title}: LRA test accuracy (%), ours beside the paper's",
         "",
         f"Generated by `python -m lra.table` from {source}.",
         "",
-        *legend(),
+        *legend(table.published),
     ]
     for section in table.sections:
         lines += ["", f"## {section.title}", "", *describe_section(section), ""]
@@ -619,7 +635,7 @@ def markdown(table: Table, source: str, title: str = "Table 3") -> str:
             lines += ["", "Counted once:", "", *(f"- {text}" for text in section.duplicates)]
     if not table.left_out.empty:
         lines += ["", "## Not in the table", "", "Failed runs (no finished run of the configuration and seed) and runs of rows"]
-        lines += ["the paper's Table 3 does not have:", "", *left_out_lines(table.left_out)]
+        lines += [f"the paper's {table.published.title} does not have:", "", *left_out_lines(table.left_out, table.published)]
     return "\n".join(lines) + "\n"
 
 
@@ -679,7 +695,7 @@ def latex(table: Table) -> str:
         parts += [f"% {section.title}", "\n".join(lines) + "\n"]
     if not table.left_out.empty:
         parts += ["% Not in the table (failed runs, rows the paper does not have):"]
-        parts += [f"% {line[2:]}" for line in left_out_lines(table.left_out)]
+        parts += [f"% {line[2:]}" for line in left_out_lines(table.left_out, table.published)]
     return "\n".join(parts) + "\n"
 
 
@@ -715,13 +731,13 @@ def figure(table: Table, path: Path) -> None:
                 hatch=["//" if generated is True else None for generated in cells["generated"]],
                 edgecolor="white",
             )
-            ax.barh(y + 0.2, [paper_number(row, task) for row in section.rows], height=0.4, color="0.7")
+            ax.barh(y + 0.2, [paper_number(row, task, section.published) for row in section.rows], height=0.4, color="0.7")
             if task == "listops":
                 ax.axvline(LISTOPS_SPLIT, color="black", linestyle=":", linewidth=1)
             rho, side = agreement_text(section, task, MARKDOWN)
             side = f", {side} on the paper's side" if side else ""
             ax.set_title(f"{TASK_LABELS.get(task, task)}: ρ {rho}{side}", fontsize=9)
-            ax.set_yticks(y, [row_label(r) for r in section.rows], fontsize=8)
+            ax.set_yticks(y, [row_label(r, section.published) for r in section.rows], fontsize=8)
             ax.set_ylim(len(section.rows) - 0.5, -0.5)
             ax.set_xlabel("test accuracy (%)", fontsize=8)
             ax.tick_params(axis="x", labelsize=8)
@@ -731,7 +747,7 @@ def figure(table: Table, path: Path) -> None:
             Patch(color="tab:blue", label="ours: mean ± standard error"),
             Patch(color="tab:orange", label="ours, YOSO rows"),
             Patch(facecolor="white", edgecolor="black", hatch="//", label="generated data"),
-            Patch(color="0.7", label="the paper's Table 3"),
+            Patch(color="0.7", label=f"the paper's {table.published.title}"),
             Line2D([], [], color="black", linestyle=":", label=f"ListOps split ({LISTOPS_SPLIT:g}%)"),
         ],
         loc="outside upper center",
@@ -744,19 +760,25 @@ def figure(table: Table, path: Path) -> None:
 
 
 def write_all(
-    records: list[dict[str, Any]], out_dir: Path, source: str, name: str = "table3", protocols: list[str] | None = None
+    records: list[dict[str, Any]],
+    out_dir: Path,
+    source: str,
+    name: str | None = None,
+    protocols: list[str] | None = None,
+    published: PaperTable = TABLE3,
 ) -> list[Path]:
-    """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` into ``out_dir`` from ``records`` (only those of
-    ``protocols`` if given)."""
+    """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default the paper table's) into
+    ``out_dir`` from ``records`` (only those of ``protocols`` if given)."""
     if protocols:
         records = [record for record in records if record.get("protocol", {}).get("name") in protocols]
     if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
-    table = build(records)
+    table = build(records, published)
+    name = name or published.name
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")]
-    paths[0].write_text(markdown(table, source, "Table 3" if name == "table3" else name))
+    paths[0].write_text(markdown(table, source, None if name == published.name else name))
     cells_frame(table).to_csv(paths[1], index=False, float_format="%.4f")
     agreement_frame(table).to_csv(paths[2], index=False, float_format="%.4f")
     paths[3].write_text(latex(table))
@@ -786,18 +808,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--collect",
         action="store_true",
-        help="copy finished runs into RESULTS/runs/, then write RESULTS/table3.* (implies --committed)",
+        help="copy finished runs into RESULTS/runs/, then write RESULTS/NAME.* (implies --committed)",
     )
     parser.add_argument(
-        "--committed", action="store_true", help="write RESULTS/table3.* from RESULTS/runs/ alone instead of the user's table"
+        "--committed", action="store_true", help="write RESULTS/NAME.* from RESULTS/runs/ alone instead of the user's table"
+    )
+    parser.add_argument(
+        "--paper",
+        choices=sorted(TABLES),
+        default=TABLE3.name,
+        help="the published table: table3 (the YOSO paper's Table 3) or lra_table1 (the LRA paper's Table 1)",
     )
     parser.add_argument(
         "--protocol", nargs="+", metavar="NAME", help="only runs of these protocols (e.g. spt_short); default: every run"
     )
-    parser.add_argument("--name", default="table3", help="the tables' file name, NAME.{md,csv,tex,png} (default: table3)")
+    parser.add_argument("--name", help="the tables' file name, NAME.{md,csv,tex,png} (default: the --paper's name)")
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
-    only = {"name": args.name, "protocols": args.protocol}
+    only = {"name": args.name, "protocols": args.protocol, "published": TABLES[args.paper]}
     if args.collect:
         new = collect(find_records(args.runs), runs_dir)
         print(f"{new} new run records in {runs_dir}")

@@ -82,8 +82,24 @@ def test_an_unknown_protocol_field_is_an_error_not_ignored():
 def test_the_table3_sweeps_run_the_papers_rows_in_its_order():
     for experiment in ("table3", "table3_short", "table3_cpu"):
         cfg = config.compose([f"experiment={experiment}"], return_hydra_config=True)
-        assert cfg.hydra.sweeper.params.attention == ",".join(paper.ROWS)
-    assert set(paper.ROWS) <= set(PRESETS)
+        assert cfg.hydra.sweeper.params.attention == ",".join(paper.TABLE3.presets)
+    assert set(paper.TABLE3.presets) <= set(PRESETS)
+
+
+def test_the_lra_table_sweeps_run_its_rows_and_its_cpu_protocol_is_table3_cpus():
+    for experiment in ("lra_table1", "lra_table1_cpu"):
+        cfg = config.compose([f"experiment={experiment}"], return_hydra_config=True)
+        assert cfg.hydra.sweeper.params.attention == ",".join(paper.LRA_TABLE1.presets)
+    assert set(paper.LRA_TABLE1.presets) <= set(PRESETS)
+    # The same configurations as table3_cpu, so a row of both tables runs once and fills both.
+    for task in ("listops", "pathfinder"):
+        for row in ("softmax", "local"):
+            ours, table3 = (
+                config.compose([f"experiment={e}", f"task={task}", f"attention={row}"]) for e in ("lra_table1_cpu", "table3_cpu")
+            )
+            assert OmegaConf.to_container(ours) == OmegaConf.to_container(table3), (task, row)
+    with pytest.raises(Exception, match="no published table 'table2'"):
+        OmegaConf.to_container(OmegaConf.create({"rows": "${lra_paper_rows:table2}"}), resolve=True)
 
 
 def test_the_task_constants_are_the_codes_and_not_repeated_in_the_config():

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lra import table
+from lra import paper, table
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = dict(
@@ -212,7 +212,7 @@ def test_agreement_with_the_paper_the_listops_split_and_spearmans_rho():
     assert pd.isna(agreement.loc["pathfinder", "on_papers_side"])
     assert agreement.loc["pathfinder", "spearman"] == pytest.approx(0.5)
     ours = pd.Series(LISTOPS_MEANS)
-    papers = pd.Series({row: table.PAPER_TABLE3[row]["listops"] for row in LISTOPS_MEANS})
+    papers = pd.Series({row: paper.TABLE3.number(row, "listops") for row in LISTOPS_MEANS})
     by_hand = np.corrcoef(ours.rank(), papers.rank())[0, 1]  # ties (37.20, 37.25 twice each) at their average rank
     assert agreement.loc["listops", "spearman"] == pytest.approx(by_hand)
     text = table.markdown(result, "test records")
@@ -315,7 +315,49 @@ def test_the_papers_numbers_are_its_table_3():
     rows = [line.rstrip(" \\").split(" & ") for line in tabular.splitlines() if line.count(" & ") == 6]
     printed = {label.strip(): [float(v) for v in values[:5]] for label, *values in rows if values[0][0].isdigit()}
     printed["nystromformer"] = printed.pop('nystr\\"{o}mformer')
-    assert printed == {row.label: [row.accuracy[task] for task in table.TASKS] for row in table.paper.TABLE3}
+    assert printed == {row.label: [row.accuracy[task] for task in table.TASKS] for row in paper.TABLE3.rows}
+
+
+def test_the_lra_papers_numbers_are_its_table_1():
+    """lra/paper.py against the LRA leaderboard as the reference notes copy it (the repository's README)."""
+    notes = REPO.parent / "shared" / "reference" / "lra-protocol.md"
+    if not notes.exists():
+        pytest.skip(f"{notes} is not present")
+    leaderboard = notes.read_text().split("### 5.1")[1].split("###")[0]
+    rows = [line.strip("| ").split(" | ") for line in leaderboard.splitlines() if line.startswith("| ") and "FAIL" in line]
+    printed = {label.strip("*"): [float(v) for v in values[:5]] for label, *values in rows}
+    labels = {"Local Att": "Local Attention", "Transformer": "Transformer"}
+    printed = {labels.get(label, label): values for label, values in printed.items()}
+    assert printed == {row.label: [row.accuracy[task] for task in table.TASKS] for row in paper.LRA_TABLE1.rows}
+
+
+def test_the_lra_table_has_its_rows_in_its_order_with_its_labels_and_each_table_lists_only_rows_no_table_has():
+    records = [
+        record(row, "listops", 0, acc)
+        for row, acc in [("bigbird", 0.33), ("yoso_32", 0.34), ("local", 0.16), ("softmax", 0.35), ("my_attention", 0.2)]
+    ]
+    lra = table.build(records, paper.LRA_TABLE1)
+    (section,) = lra.sections
+    assert section.rows == ["softmax", "local", "bigbird"], "LRA's order: Transformer, Local Attention, ..., BigBird"
+    text = table.markdown(lra, "test records")
+    assert text.startswith("# LRA Table 1: ") and "| Transformer | 35.00 ± 1.51† | 36.37 ‡" not in text
+    assert "| Transformer | 35.00 ± 1.51† | 36.37 |" in text and "| Local Attention | 16.00 ± 1.16† | 15.82 |" in text
+    assert "the Long Range Arena paper's Table 1" in text and "Local Attention, Sparse Trans., Linear Trans., Performer" in text
+    assert section.agreement.loc["listops", "on_papers_side"] == 3
+    # yoso_32 is Table 3's and bigbird LRA's: each table leaves out only the row no published table has.
+    assert lra.left_out["row"].tolist() == ["my_attention"]
+    yoso = table.build(records)
+    assert yoso.sections[0].rows == ["softmax", "yoso_32"] and yoso.left_out["row"].tolist() == ["my_attention"]
+
+
+def test_lra_table_paper_lra_table1_writes_its_own_files(tmp_path):
+    outputs = tmp_path / "outputs"
+    write_runs(outputs, [record("local", "listops", s, 0.16 + s / 100) for s in range(3)])
+    table.main(["--runs", str(outputs), "--results", str(tmp_path / "results"), "--out", str(outputs), "--paper", "lra_table1"])
+    assert {p.name for p in outputs.glob("lra_table1*")} == {
+        f"lra_table1{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")
+    }
+    assert "| Local Attention | 17.00 ± 0.58† | 15.82 |" in (outputs / "lra_table1.md").read_text()
 
 
 def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_records(tmp_path):
@@ -363,7 +405,15 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         capture_output=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    for name in [f"{name}{suffix}" for name in ("table3", "spt") for suffix in (".md", ".csv", "_agreement.csv", ".tex")]:
+    subprocess.run(
+        [sys.executable, "-m", "lra.table", "--committed", "--paper", "lra_table1"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    names = ("table3", "spt", "lra_table1")
+    for name in [f"{name}{suffix}" for name in names for suffix in (".md", ".csv", "_agreement.csv", ".tex")]:
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
