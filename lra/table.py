@@ -226,21 +226,17 @@ def configs_of(runs: pd.DataFrame) -> pd.DataFrame:
     return configs[sorted(configs)].fillna(json.dumps(NOT_RECORDED))
 
 
-def what_differs(configs: pd.DataFrame) -> pd.Series:
-    """Per run, ``key=value, ...`` for each key whose value differs between the runs of ``configs``; "" where none does."""
-    differing = configs.loc[:, configs.nunique() > 1]
-    if differing.columns.empty:
-        return pd.Series("", index=configs.index)
-    return differing.apply(lambda run: ", ".join(f"{key}={json.loads(value)}" for key, value in run.items()), axis=1)
+def what_differs(configs: pd.DataFrame, groups: list[pd.Series]) -> pd.Series:
+    """Per run, ``key=value, ...`` for each key whose value differs between the runs of its group (``configs`` grouped
+    by ``groups``), in the columns' order; "" where none does."""
+    differing = configs.where(configs.groupby(groups).transform("nunique") > 1)
+    return differing.apply(lambda run: ", ".join(f"{key}={json.loads(value)}" for key, value in run.dropna().items()), axis=1)
 
 
 def section_titles(runs: pd.DataFrame) -> pd.Series:
     """A run's section: its protocol and each setting that differs between the protocol's runs of its task, the row's aside."""
     configs = configs_of(runs)
-    configs = configs[[key for key in configs if not key.startswith(ROW_KEYS)]]
-    differs = pd.Series("", index=runs.index)
-    for _, group in configs.groupby([runs["protocol"], runs["task"]]):
-        differs[group.index] = what_differs(group)
+    differs = what_differs(configs[[key for key in configs if not key.startswith(ROW_KEYS)]], [runs["protocol"], runs["task"]])
     return runs["protocol"] + differs.map(lambda text: f", {text}" if text else "")
 
 
@@ -248,12 +244,8 @@ def row_labels(runs: pd.DataFrame) -> pd.Series:
     """A run's row in its section: the row, or where runs of one row and task still differ there (a changed preset,
     another data source), the row with what differs: ``yoso_32 (attention_hparams.num_hashes=16)``."""
     configs = configs_of(runs).assign(data_source=runs["data_source"].map(json.dumps))
-    configs = configs[sorted(configs)]
-    labels = runs["row"].copy()
-    for _, group in configs.groupby([runs["section"], runs["row"], runs["task"]]):
-        differs = what_differs(group)
-        labels[group.index] = labels[group.index] + differs.map(lambda text: f" ({text})" if text else "")
-    return labels
+    differs = what_differs(configs[sorted(configs)], [runs["section"], runs["row"], runs["task"]])
+    return runs["row"] + differs.map(lambda text: f" ({text})" if text else "")
 
 
 def best_rows(cells: pd.DataFrame) -> pd.Series:
