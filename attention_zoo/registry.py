@@ -34,6 +34,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, Union
 
 import torch
@@ -206,24 +207,46 @@ def make_config(name: str, **hparams: Any) -> Any:
     """Validate ``hparams`` against the config dataclass of ``name`` (an attention or a preset) and return the config."""
     attention, preset_values = _resolve(name)
     config_cls = _REGISTRY[attention].Config
+
+    def valid() -> str:
+        listing = describe(name) if dataclasses.fields(config_cls) else "(none: this attention takes no hyperparameters)"
+        return f"Valid keys and defaults:\n{listing}"
+
+    values = check_fields(
+        config_cls,
+        hparams,
+        unknown=lambda keys: f"unknown hyperparameter(s) {keys} for attention {name!r}. {valid()}",
+        invalid=lambda key, kind, value: (
+            f"hyperparameter {key!r} of attention {name!r} must be {kind}, got {value!r} ({type(value).__name__}). {valid()}"
+        ),
+    )
+    return config_cls(**{**preset_values, **values})
+
+
+def check_fields(
+    config_cls: type,
+    values: Mapping[str, Any],
+    *,
+    unknown: Callable[[list[str]], str],
+    invalid: Callable[[str, str, Any], str],
+) -> dict[str, Any]:
+    """``values`` checked against the fields and types of the dataclass ``config_cls``: the one rule for every
+    configuration the project reads (an attention's hyperparameters here, ``lra``'s model and protocol).
+
+    Keys the class lacks are a ValueError with the message ``unknown(sorted keys)``; a value of the wrong type is a
+    TypeError with ``invalid(key, type name, value)``. An int where a float is due becomes a float; a bool is
+    never an int. Ranges are the class's own ``__post_init__``."""
     hints = typing.get_type_hints(config_cls)
-    fields = {f.name: f for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(hparams) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"unknown hyperparameter(s) {unknown} for attention {name!r}. Valid keys and defaults:\n"
-            + (describe(name) if fields else "(none: this attention takes no hyperparameters)")
-        )
-    values = dict(preset_values)
-    for key, value in hparams.items():
+    extra = sorted(set(values) - {f.name for f in dataclasses.fields(config_cls)})
+    if extra:
+        raise ValueError(unknown(extra))
+    checked = {}
+    for key, value in values.items():
         try:
-            values[key] = _coerce(value, hints[key])
+            checked[key] = _coerce(value, hints[key])
         except TypeError:
-            raise TypeError(
-                f"hyperparameter {key!r} of attention {name!r} must be {_type_name(hints[key])}, "
-                f"got {value!r} ({type(value).__name__}). Valid keys and defaults:\n{describe(name)}"
-            ) from None
-    return config_cls(**values)
+            raise TypeError(invalid(key, _type_name(hints[key]), value)) from None
+    return checked
 
 
 def build(name: str, *, seq_len: int, num_heads: int, head_dim: int, **hparams: Any) -> Attention:

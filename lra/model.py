@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attention_zoo import MultiHeadAttention
+from attention_zoo import MultiHeadAttention, check_fields
 
 from .data.tasks import TaskSpec
 
@@ -50,12 +50,16 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        """The config of ``values`` (a ``model`` section); an unknown key is an error naming the valid ones."""
-        fields = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError(f"unknown model setting(s) {unknown}; the model has {', '.join(fields)}")
-        return cls(**values)
+        """The config of ``values`` (a ``model`` section), checked by the rule of every config (``check_fields``)."""
+        fields = ", ".join(field.name for field in dataclasses.fields(cls))
+        return cls(
+            **check_fields(
+                cls,
+                values,
+                unknown=lambda keys: f"unknown model setting(s) {keys}; the model has {fields}",
+                invalid=lambda key, kind, value: f"model.{key} must be {kind}, got {value!r}",
+            )
+        )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The LRA encoder's pooling and masking, and the original optimiser schedule."""
 
+import re
+
 import pytest
 import torch
 
@@ -143,3 +145,23 @@ def test_a_checkpoint_rebuilds_its_model_alone(tmp_path):
 def test_an_unknown_model_setting_is_named():
     with pytest.raises(ValueError, match=r"unknown model setting\(s\) \['widht'\]"):
         ModelConfig.from_dict({"widht": 3})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"dim": "64"}, "model.dim must be int, got '64'"),
+        ({"depth": True}, "model.depth must be int, got True"),
+        ({"attention_in_fp32": 1}, "model.attention_in_fp32 must be bool, got 1"),
+    ],
+)
+def test_a_model_setting_of_the_wrong_type_is_named(values, message):
+    """The same rule as an attention's hyperparameters (attention_zoo.check_fields): a YAML typo is one clear error,
+    not a crash inside torch."""
+    with pytest.raises(TypeError, match=re.escape(message)):
+        ModelConfig.from_dict(values)
+
+
+def test_an_int_model_dropout_is_a_float():
+    dropout = ModelConfig.from_dict({"dropout": 0}).dropout
+    assert dropout == 0.0 and isinstance(dropout, float)
