@@ -77,6 +77,7 @@ class LinformerConfig:
 class LinformerAttention(Attention):
     Config = LinformerConfig
     float32 = True  # the sums over n of the projections and the softmax over k
+    sized_by_seq_len = "the Linformer projections"
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: LinformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
@@ -95,11 +96,6 @@ class LinformerAttention(Attention):
 
     def attend(self, q, k, v, mask):
         n = q.shape[2]
-        if n > self.seq_len:
-            raise ValueError(
-                f"sequence length {n} exceeds seq_len={self.seq_len}, the length the Linformer projections "
-                f"were built for; build the attention with seq_len >= {n}"
-            )
         if mask is not None:
             padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
             k = k.masked_fill(padded, 0.0)

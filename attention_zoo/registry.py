@@ -74,13 +74,16 @@ class Attention(nn.Module):
       (Reformer); :class:`MultiHeadAttention` reads it;
     * ``linear_memory = False`` for an attention whose memory grows quadratically with the sequence
       (exact softmax; on the instance where it depends on the config); every other attention is
-      held to linear memory by ``tests/attention_zoo/test_memory.py``.
+      held to linear memory by ``tests/attention_zoo/test_memory.py``;
+    * ``sized_by_seq_len``: for an attention whose weights are built for ``seq_len`` positions, what
+      they are ("the Linformer projections"); :meth:`forward` refuses a longer input, naming them.
     """
 
     Config: ClassVar[type] = NoHyperparameters
     float32: ClassVar[bool] = False
     tie_query_key: ClassVar[bool] = False
     linear_memory: ClassVar[bool] = True
+    sized_by_seq_len: ClassVar[str | None] = None
     name: ClassVar[str]
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: Any) -> None:
@@ -94,6 +97,11 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 policy, in one place: cast to float32, autocast off, cast back; then masked rows are zeroed."""
         check_inputs(q, k, v, mask)
+        if self.sized_by_seq_len and q.shape[2] > self.seq_len:
+            raise ValueError(
+                f"sequence length {q.shape[2]} exceeds seq_len={self.seq_len}, the length {self.sized_by_seq_len} "
+                f"were built for; build the attention with seq_len >= {q.shape[2]}"
+            )
         if self.in_float32:
             # .float() alone is not enough: under autocast the products would still run in bfloat16.
             with torch.autocast(q.device.type, enabled=False):

@@ -84,6 +84,7 @@ def _xavier(*shape: int, fan_in: int, fan_out: int) -> nn.Parameter:
 class SynthesizerAttention(Attention):
     Config = SynthesizerConfig
     linear_memory = False  # an n x N attention matrix per head
+    sized_by_seq_len = "the Synthesizer's (.., N) weights"
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: SynthesizerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
@@ -111,12 +112,6 @@ class SynthesizerAttention(Attention):
         return (self.random1[:, :n].to(q.dtype) @ self.random2[..., :n].to(q.dtype))[None]  # (1, h, n, n)
 
     def attend(self, q, k, v, mask):
-        n = q.shape[2]
-        if n > self.seq_len:
-            raise ValueError(
-                f"sequence length {n} exceeds seq_len={self.seq_len}, the length the Synthesizer's (.., N) weights "
-                f"were built for; build the attention with seq_len >= {n}"
-            )
         # Batch-wide so that dropout draws its own mask per sequence, as LRA's (broadcast_dropout=False).
         logits = self.synthetic_logits(q).expand(q.shape[0], -1, -1, -1)  # (b, h, n, n)
         if self.config.dot_product:
