@@ -65,7 +65,7 @@ def elu_feature_map(x):
 @register("linear_transformer")
 class LinearTransformerAttention(Attention):
     Config = LinearTransformerConfig
-    float32 = True  # the two sums over n (see the module docstring)
+    in_float32 = True  # the two sums over n (see the module docstring)
 
     def attend(self, q, k, v, mask):
         phi_q = elu_feature_map(q)  # (b, h, n, d)

@@ -76,7 +76,7 @@ class LinformerConfig:
 @register("linformer")
 class LinformerAttention(Attention):
     Config = LinformerConfig
-    float32 = True  # the sums over n of the projections and the softmax over k
+    in_float32 = True  # the sums over n of the projections and the softmax over k
     sized_by_seq_len = "the Linformer projections"
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: LinformerConfig) -> None:

@@ -87,7 +87,7 @@ class LongformerConfig:
 @register("longformer")
 class LongformerAttention(Attention):
     Config = LongformerConfig
-    float32 = True  # the softmax and everything around it, as HF's softmax(..., dtype=float32)
+    in_float32 = True  # the softmax and everything around it, as HF's softmax(..., dtype=float32)
 
     def attend(self, q, k, v, mask):
         batch, heads, n, head_dim = q.shape

@@ -23,7 +23,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: width of one head; ``dim // num_heads`` when omitted.
         attention_in_fp32: run every core attention in float32, also under autocast, as the YOSO and
             Nystromformer LRA code does (the projections still run in the autocast dtype); when
-            False, only attentions whose arithmetic needs it do (``Attention.float32``).
+            False, only attentions whose arithmetic needs it do (``Attention.in_float32``).
         rotary: rotate queries and keys by their positions (:mod:`attention_zoo.rotary`) before the core
             attention, so that any attention sees relative positions.
         **hparams: the core attention's own hyperparameters.

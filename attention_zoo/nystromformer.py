@@ -125,7 +125,7 @@ def softmax_kernel(queries: torch.Tensor, keys: torch.Tensor, key_mask: torch.Te
 @register("nystromformer")
 class NystromformerAttention(Attention):
     Config = NystromformerConfig
-    float32 = True  # softmax kernels and the iterated pseudo-inverse
+    in_float32 = True  # softmax kernels and the iterated pseudo-inverse
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: NystromformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)

@@ -138,7 +138,7 @@ def positive_random_features(
 @register("performer")
 class PerformerAttention(Attention):
     Config = PerformerConfig
-    float32 = True  # the exponentials and the two sums over n
+    in_float32 = True  # the exponentials and the two sums over n
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: PerformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)

@@ -112,7 +112,7 @@ def look_one_back(x: torch.Tensor) -> torch.Tensor:
 class ReformerAttention(Attention):
     Config = ReformerConfig
     tie_query_key = True  # the shared-QK projection; the keys are the normalised queries
-    float32 = True  # scores near -1e5 and the log-sum-exp over rounds
+    in_float32 = True  # scores near -1e5 and the log-sum-exp over rounds
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: ReformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)

@@ -64,10 +64,10 @@ class Attention(nn.Module):
     policy and zeroes the masked query rows, so no attention repeats those rules. Class attributes:
 
     * ``Config``: the dataclass of hyperparameters;
-    * ``float32 = True`` when the algorithm's arithmetic needs float32 (exponentials of large
+    * ``in_float32 = True`` when the algorithm's arithmetic needs float32 (exponentials of large
       scores, an iterated pseudo-inverse, hashing by angle): it then runs in float32 whatever the
-      input dtype and any autocast, and its output is cast back to the input dtype. An instance's
-      ``in_float32`` starts as the class's choice; :class:`MultiHeadAttention` sets it for every
+      input dtype and any autocast, and its output is cast back to the input dtype. The class's
+      choice is the instance's default; :class:`MultiHeadAttention` sets it on the instance for every
       attention when asked to (``attention_in_fp32``, as the YOSO and Nystromformer LRA code runs
       attention);
     * ``tie_query_key = True`` when the algorithm needs the query and key projections shared
@@ -80,7 +80,7 @@ class Attention(nn.Module):
     """
 
     Config: ClassVar[type] = NoHyperparameters
-    float32: ClassVar[bool] = False
+    in_float32: bool = False
     tie_query_key: ClassVar[bool] = False
     linear_memory: ClassVar[bool] = True
     sized_by_seq_len: ClassVar[str | None] = None
@@ -92,7 +92,6 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.config = config
-        self.in_float32 = self.float32
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 policy, in one place: cast to float32, autocast off, cast back; then masked rows are zeroed."""
@@ -135,6 +134,8 @@ def register(name: str):
     def decorator(cls: type[Attention]) -> type[Attention]:
         if not (isinstance(cls, type) and issubclass(cls, Attention)):
             raise TypeError(f"@register({name!r}) must decorate a subclass of attention_zoo.Attention, got {cls!r}")
+        if "float32" in vars(cls):  # the attribute's name before in_float32: ignoring it would drop the policy silently
+            raise TypeError(f"{cls.__name__}.float32 is now called in_float32 (the class's choice, the instances' default)")
         if not dataclasses.is_dataclass(cls.Config):
             raise TypeError(f"{cls.__name__}.Config must be a dataclass, got {cls.Config!r}")
         if name in _REGISTRY and _REGISTRY[name] is not cls:

@@ -81,7 +81,7 @@ class SinkhornConfig:
 @register("sinkhorn")
 class SinkhornAttention(Attention):
     Config = SinkhornConfig
-    float32 = True  # log-sum-exps over the iterated normalisation
+    in_float32 = True  # log-sum-exps over the iterated normalisation
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: SinkhornConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)

@@ -118,7 +118,7 @@ def expectation_exact(queries, keys, values, pair_mask, hash_bits):
 @register("yoso")
 class YosoAttention(Attention):
     Config = YosoConfig
-    float32 = True  # angles, hashing and the normalisation of the output rows
+    in_float32 = True  # angles, hashing and the normalisation of the output rows
 
     def __init__(self, *, seq_len, num_heads, head_dim, config):
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)

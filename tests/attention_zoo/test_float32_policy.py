@@ -42,7 +42,7 @@ def run(attention, q, k, v, mask, autocast=False):
 @pytest.mark.parametrize("attention_in_fp32", [True, False], ids=["policy-on", "policy-off"])
 def test_under_bf16_autocast_the_policy_gives_the_float32_result(name, attention_in_fp32):
     attention = core(name, attention_in_fp32)
-    assert attention.in_float32 == (attention_in_fp32 or attention.float32)
+    assert attention.in_float32 == (attention_in_fp32 or type(attention).in_float32)
     q, k, v, mask = inputs(torch.float32)
     out = run(attention, q, k, v, mask, autocast=True)
     assert torch.isfinite(out).all() and (out[1, :, SEQ_LEN // 2 :] == 0).all()
@@ -78,5 +78,5 @@ BUILT_IN_NEEDS_FLOAT32 = {
 
 
 def test_the_built_in_attentions_keep_their_declared_policy():
-    declared = {name: attention_zoo.get_class(name).float32 for name in BUILT_IN_NEEDS_FLOAT32}
+    declared = {name: attention_zoo.get_class(name).in_float32 for name in BUILT_IN_NEEDS_FLOAT32}
     assert declared == BUILT_IN_NEEDS_FLOAT32

@@ -100,6 +100,17 @@ def test_register_rejects_non_attention_classes():
         register("not_an_attention")(torch.nn.Linear)
 
 
+def test_the_old_name_of_the_float32_choice_is_an_error_naming_the_new_one():
+    """An attention written for the older API (``float32 = True``) would silently lose its float32 policy."""
+
+    class OldStyle(Attention):
+        float32 = True
+
+    with pytest.raises(TypeError, match="OldStyle.float32 is now called in_float32"):
+        register("old_style")(OldStyle)
+    assert "old_style" not in attention_zoo.available()
+
+
 def test_a_new_attention_appears_and_trains_a_step(mean_attention):
     from lra.model import AttentionConfig, LRAClassifier, LRAEncoder, ModelConfig
 
