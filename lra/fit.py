@@ -104,7 +104,8 @@ def fit_and_test(
     stage: str = "classification",
     init_from: Path | None = None,
 ) -> dict[str, Any]:
-    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return the measured part of the record.
+    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return what it measured, the
+    :class:`lra.results.RunRecord` keys it records (``record.update(**measured)``).
 
     ``headline`` (the cell, its protocol and its folder) is logged with the model's parameter count, once built.
 

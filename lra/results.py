@@ -1,4 +1,4 @@
-"""The per-run ``results.json``: what ran, on what, and how well."""
+"""The per-run ``results.json``: what ran, on what, and how well (:class:`RunRecord`, its schema)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import platform
 import resource
 import subprocess
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 import torch
 
 RESULTS_FILE = "results.json"
-SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,20 +113,151 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
 
 
-def read(path: Path) -> dict[str, Any] | None:
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+RECORD_VERSION = 2
+#: The key a record's version is written under: version 1 is the dict lra.train assembled before
+#: :class:`RunRecord` (every record committed up to issue 29); a record keeps the version it was written with.
+VERSION_KEYS = {1: "schema_version", 2: "record_version"}
+#: The keys that identify a run's configuration (with its seed): a cell of ``lra.table`` pools the runs equal in
+#: every one of them. ``config_hash`` is the hash of the settings they are resolved from (``lra.train``).
+CONFIGURATION_KEYS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain")
+#: The keys that describe only the machine a run ran on, its paths: ``data.*`` ones are never recorded (a task's
+#: data settings without them), the others are left out of a committed record (``lra.table --collect``).
+MACHINE_KEYS = (
+    "best_checkpoint", "data_folder", "data_prepared_from", "resumed_from",
+    "data.source_dir", "data.cache_dir", "data.generated_dir",
+)  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """A run's ``results.json``: what ran (its configuration, :data:`CONFIGURATION_KEYS`), in which code, on what,
+    and how well.
+
+    A record holds what was known when it was written: one of a run that failed before its configuration was
+    resolved has no configuration, one of a run that did not finish has no results, and one of an older version
+    lacks the keys added since. A key it lacks reads None and is not written; a key recorded as null (no training
+    step timed, no compilation) is written as null.
+    """
+
+    record_version: int = RECORD_VERSION
+    task: str | None = None
+    attention: str | None = None
+    row: str | None = None  # the table row: the attention preset and any command-line change to it
+    seed: int | None = None
+    git_commit: str | None = None
+    torch_version: str | None = None
+    lightning_version: str | None = None
+    started_at: str | None = None
+    status: str | None = None  # running, finished, failed or interrupted
+    stage: str | None = None  # "pretraining" for a pretraining run; a classification run has none
+    protocol: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    pretrain: dict[str, Any] | None = None
+    seq_len: int | None = None
+    data: dict[str, Any] | None = None  # task.data without the machine's paths
+    config_hash: str | None = None  # lra.train's: a committed run is recognised by it
+    adjusted: dict[str, Any] | None = None  # protocol settings fitted to a shortened run
+    attention_hparams: dict[str, Any] | None = None
+    resumed_from: str | None = None
+    pretrained: dict[str, Any] | None = None  # the pretraining run a fine-tuning started from
+    # What training and testing measured (lra.fit).
+    data_source: str | None = None
+    data_folder: str | None = None
+    data_prepared_from: str | None = None
+    num_samples: dict[str, int] | None = None
+    num_parameters: int | None = None
+    steps: int | None = None
+    steps_per_second: float | None = None
+    processes: int | None = None
+    best_val_acc: float | None = None
+    best_val_step: int | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    best_checkpoint: str | None = None
+    peak_memory_mb: float | None = None
+    peak_memory_kind: str | None = None
+    device: str | None = None
+    precision: str | None = None
+    compiled: bool | None = None
+    compile_backend: str | None = None
+    error: str | None = None
+    wall_time_s: float | None = None
+    finished_at: str | None = None
+    nulls: set[str] = field(default_factory=set, repr=False, compare=False)  # the keys recorded as null
+
+    def update(self, **values: Any) -> None:
+        """Record ``values``; one that is None is recorded as null."""
+        for key, value in values.items():
+            if key not in RECORD_KEYS:
+                raise KeyError(f"a run record has no key {key!r}")
+            setattr(self, key, value)
+            if value is None:
+                self.nulls.add(key)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunRecord:
+        """The record of a ``results.json``'s contents, of any version; a record without a row is its attention's."""
+        values = dict(values)
+        key = next((key for key in VERSION_KEYS.values() if key in values), None)
+        version = values.pop(key) if key else RECORD_VERSION
+        if key and VERSION_KEYS.get(version) != key:
+            known = ", ".join(f"{key}={version}" for version, key in VERSION_KEYS.items())
+            raise ValueError(f"a run record of {key}={version}; this version of lra reads {known}")
+        unknown = sorted(set(values) - set(RECORD_KEYS))
+        if unknown:
+            raise ValueError(f"a run record of version {version} has no key(s) {', '.join(unknown)}")
+        if "row" not in values and "attention" in values:
+            values["row"] = values["attention"]
+        record = cls(record_version=version, **values)
+        record.nulls = {key for key, value in values.items() if value is None}
+        return record
+
+    @classmethod
+    def read(cls, path: Path) -> RunRecord:
+        """The record in ``path``; OSError, ValueError (json's errors among them) where there is none to read."""
+        values = json.loads(Path(path).read_text())
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} holds no run record")
+        return cls.from_dict(values)
+
+    def to_dict(self, committed: bool = False) -> dict[str, Any]:
+        """What ``results.json`` holds, its version first; ``committed``: without the machine's paths."""
+        values = {VERSION_KEYS[self.record_version]: self.record_version}
+        for key in RECORD_KEYS:
+            value = getattr(self, key)
+            if (value is not None or key in self.nulls) and not (committed and key in MACHINE_KEYS):
+                values[key] = value
+        return values
+
+    def write(self, path: Path, committed: bool = False) -> None:
+        """Write atomically, so a reader never sees half a file; ``committed``: as ``results/runs/`` keeps it, without
+        the machine's paths and with its keys sorted."""
+        path = Path(path)
+        staging = path.with_suffix(".json.tmp")
+        text = json.dumps(self.to_dict(committed), indent=2, sort_keys=committed, default=str)
+        staging.write_text(text + "\n")
+        os.replace(staging, path)
+
+    def configuration(self) -> dict[str, Any]:
+        """The configuration keys the record has, with every added setting it lacks at its old value (:data:`ADDED_SETTINGS`)."""
+        return with_added_settings({key: getattr(self, key) for key in CONFIGURATION_KEYS if getattr(self, key) is not None})
+
+
+RECORD_KEYS = tuple(f.name for f in fields(RunRecord) if f.name not in ("record_version", "nulls"))
+
+
+def read(path: Path) -> RunRecord | None:
+    """The record in ``path``, None where there is no readable one."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        return RunRecord.read(path)
+    except (OSError, ValueError, TypeError):
         return None
 
 
-def write(path: Path, record: dict[str, Any]) -> None:
-    """Write atomically, so a reader never sees half a file."""
-    path = Path(path)
-    staging = path.with_suffix(".json.tmp")
-    staging.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **record}, indent=2, default=str) + "\n")
-    os.replace(staging, path)
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def recorded_data(data: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of a task's data settings: every setting but the machine's paths."""
+    return {key: value for key, value in data.items() if f"data.{key}" not in MACHINE_KEYS}

@@ -61,15 +61,16 @@ def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
     rows = []
     for cell in cells:
         folder = Path(cell["folder"])
-        record = results.read(folder / results.RESULTS_FILE) or {}
-        status = record.get("status", "no results.json")
-        name = " / ".join(str(record.get(key, "?")) for key in ("task", "row")) + f" / seed {record.get('seed', '?')}"
-        objective = (record.get("pretrain") or {}).get("objective", "none")
+        record = results.read(folder / results.RESULTS_FILE) or results.RunRecord()
+        status = record.status or "no results.json"
+        task, row, seed = ("?" if value is None else value for value in (record.task, record.row, record.seed))
+        name = f"{task} / {row} / seed {seed}"
+        objective = (record.pretrain or {}).get("objective", "none")
         name += f" / pretrain {objective}" if objective != "none" else ""
         if status == "finished":
-            detail = f"test acc {record['test_acc']:.4f}"
+            detail = f"test acc {record.test_acc:.4f}"
         else:
-            detail = (record.get("error") or "the job ended without a record; see its train.log").splitlines()[0][:160]
+            detail = (record.error or "the job ended without a record; see its train.log").splitlines()[0][:160]
         rows.append((status, name, detail, str(folder)))
     failed = sum(status != "finished" for status, *_ in rows)
     lines = [f"Sweep: {len(rows)} cells, {len(rows) - failed} finished, {failed} not finished"]

@@ -40,6 +40,7 @@ import attention_zoo
 
 from . import config, results
 from .data.cache import file_sha256
+from .results import RunRecord
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation, a failure's traceback.
@@ -57,8 +58,6 @@ PROTOCOL_FIELDS = {
     "weight_decay": float,
 }
 WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
-# Where a result is recorded, the data paths are machine-specific and say nothing about the run.
-DATA_PATH_KEYS = ("source_dir", "cache_dir", "generated_dir")
 PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
 PRETRAINING = "pretraining"  # the stage of a pretraining run (its record's "stage")
 HISTORY = "history"  # a run folder's earlier finished runs, moved there by rerun=true
@@ -70,8 +69,8 @@ config.register()  # before @hydra.main composes: the attention_zoo group and th
 class RunFailed(Exception):
     """A run failed; its error is recorded in ``results.json``, the original exception is the cause."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
-        super().__init__(record["error"])
+    def __init__(self, record: RunRecord) -> None:
+        super().__init__(record.error)
         self.record = record
 
 
@@ -197,17 +196,17 @@ def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
         return None
     for path in sorted(runs_dir.glob(f"{cfg.task.name}__*.json")):
         record = results.read(path)
-        if record and record.get("config_hash") == config_hash and record.get("status") == "finished":
+        if record and record.config_hash == config_hash and record.status == "finished":
             return path
     return None
 
 
-def archive_finished_run(output_dir: Path, previous: dict[str, Any]) -> Path:
+def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:
     """Move a finished run's record, checkpoints and logged metrics to ``history/<finished_at>/`` so
     that ``rerun=true`` starts afresh and nothing is lost. The record is kept as ``record.json``
     (``lra.table`` collects every ``results.json``, and an earlier run must not count twice);
     train.log goes on, appended to."""
-    stamp = str(previous.get("finished_at", "unknown")).replace(":", "").replace("+0000", "Z")
+    stamp = str(previous.finished_at or "unknown").replace(":", "").replace("+0000", "Z")
     target = output_dir / HISTORY / stamp
     target.mkdir(parents=True, exist_ok=True)
     shutil.move(output_dir / results.RESULTS_FILE, target / "record.json")
@@ -251,22 +250,17 @@ def pretrain_first(cfg: DictConfig, row: str | None) -> dict[str, Any]:
     pretraining, folder = pretraining_run(cfg, row)
     log.info("Pretraining first (%s), in %s", cfg.pretrain.objective, folder)
     record = train(pretraining, folder, row, stage=PRETRAINING)
-    checkpoint = Path(record["best_checkpoint"])
+    checkpoint = Path(record.best_checkpoint)
     if not checkpoint.is_file():
         raise FileNotFoundError(f"the pretraining run's checkpoint {checkpoint} is missing; delete {folder} to pretrain again")
     return {
         "objective": cfg.pretrain.objective,
-        "steps": record["steps"],
+        "steps": record.steps,
         "checkpoint": str(checkpoint),
         "checkpoint_sha256": file_sha256(checkpoint),
-        "config_hash": record["config_hash"],
-        "val_masked_acc": record["best_val_acc"],
+        "config_hash": record.config_hash,
+        "val_masked_acc": record.best_val_acc,
     }
-
-
-def recorded_data_settings(task: dict[str, Any]) -> dict[str, Any]:
-    """What ``results.json`` records of ``task.data``: every setting but the machine's paths."""
-    return {key: value for key, value in task["data"].items() if key not in DATA_PATH_KEYS}
 
 
 def processes(trainer_cfg: DictConfig) -> int:
@@ -278,7 +272,7 @@ def processes(trainer_cfg: DictConfig) -> int:
     return per_node * trainer_cfg.get("num_nodes", 1)
 
 
-def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str = "classification") -> dict[str, Any]:
+def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str = "classification") -> RunRecord:
     """Run one cell unless ``output_dir`` already holds its finished result; return the record.
 
     ``stage`` is ``classification`` (the task; after pretraining when ``cfg.pretrain`` asks for it)
@@ -298,22 +292,22 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / results.RESULTS_FILE
-    write = rank_zero_only(results.write)  # one process of a distributed run writes results.json
+    write = rank_zero_only(RunRecord.write)  # one process of a distributed run writes results.json
     cell = f"{cfg.task.name} / {row or cfg.attention.name} / seed {cfg.seed}"
     if stage == PRETRAINING:
         cell = f"{cell} / pretraining ({cfg.pretrain.objective})"
-    record: dict[str, Any] = {
-        "task": cfg.task.name,
-        "attention": cfg.attention.name,
-        "row": row or cfg.attention.name,
-        "seed": cfg.seed,
-        "git_commit": results.git_commit(),
-        "torch_version": torch.__version__,
-        "lightning_version": version("pytorch-lightning"),
-        "started_at": results.now(),
-        "status": "running",
-        **({"stage": stage} if stage == PRETRAINING else {}),
-    }
+    record = RunRecord(
+        task=cfg.task.name,
+        attention=cfg.attention.name,
+        row=row or cfg.attention.name,
+        seed=cfg.seed,
+        git_commit=results.git_commit(),
+        torch_version=torch.__version__,
+        lightning_version=version("pytorch-lightning"),
+        started_at=results.now(),
+        status="running",
+        stage=stage if stage == PRETRAINING else None,
+    )
     start = time.perf_counter()
     try:
         check_task(cfg.task)
@@ -330,27 +324,27 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
             model=defining["model"],
             pretrain=defining["pretrain"],
             seq_len=defining["task"]["seq_len"],
-            data=recorded_data_settings(defining["task"]),
+            data=results.recorded_data(defining["task"]["data"]),
             config_hash=results.config_hash(defining),
-            **({"adjusted": adjusted} if adjusted else {}),
         )
+        record.adjusted = adjusted or None
         previous = results.read(results_path)
-        same_config = previous is not None and previous.get("config_hash") == record["config_hash"]
-        committed = None if same_config or cfg.get("rerun", False) else committed_run(cfg, record["config_hash"])
+        same_config = previous is not None and previous.config_hash == record.config_hash
+        committed = None if same_config or cfg.get("rerun", False) else committed_run(cfg, record.config_hash)
         if committed is not None:
             log.info(
                 "Skipping: %s holds a finished run of this configuration (%s), committed; add rerun=true to run it again",
                 committed,
-                record["config_hash"],
+                record.config_hash,
             )
-            return results.read(committed)
-        if same_config and previous.get("status") == "finished":
+            return RunRecord.read(committed)
+        if same_config and previous.status == "finished":
             if not cfg.get("rerun", False):
                 log.info(
                     "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it "
                     "again (for example with another logger), which moves the earlier run's files to %s",
                     results_path,
-                    record["config_hash"],
+                    record.config_hash,
                     output_dir / HISTORY,
                 )
                 return previous
@@ -358,9 +352,9 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
         resume_from = last_checkpoint if same_config and last_checkpoint.is_file() else None
         attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])
-        record["attention_hparams"] = dataclasses.asdict(attention_config)
+        record.attention_hparams = dataclasses.asdict(attention_config)
         if resume_from:
-            record["resumed_from"] = str(resume_from)
+            record.resumed_from = str(resume_from)
             log.info("Resuming the interrupted run from %s", resume_from)
         world_size = processes(cfg.trainer)
         if cfg.task.protocol.batch_size % world_size:
@@ -368,22 +362,22 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
                 f"batch_size={cfg.task.protocol.batch_size} does not divide over {world_size} processes; "
                 "the protocol's batch is the total over all devices"
             )
-        write(results_path, record)
+        write(record, results_path)
         protocol = cfg.task.protocol
         headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
         pretrained = None
         if stage != PRETRAINING and cfg.pretrain.objective != "none":
             pretrained = pretrain_first(cfg, row)
-            record["pretrained"] = {key: value for key, value in pretrained.items() if key != "checkpoint"}
-            write(results_path, record)
+            record.pretrained = {key: value for key, value in pretrained.items() if key != "checkpoint"}
+            write(record, results_path)
         # A resumed fine-tuning run continues from its own checkpoint, which holds the pretrained start.
         init_from = Path(pretrained["checkpoint"]) if pretrained and not resume_from else None
-        record.update(fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
-        record["status"] = "finished"
+        record.update(**fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
+        record.status = "finished"
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         file_log.error("%s failed", cell, exc_info=error)
-        log.error("error: %s failed: %s", cell, record["error"])
+        log.error("error: %s failed: %s", cell, record.error)
         log.error(
             "The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
             output_dir / "train.log",
@@ -398,16 +392,16 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
-        if record["status"] != "running":  # "running": skipped, nothing to write
-            write(results_path, record)
+        if record.status != "running":  # "running": skipped, nothing to write
+            write(record, results_path)
     if rank_zero_only.rank != 0:
         return record
     log.info(
         "%s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
         cell,
-        record["best_val_acc"],
-        record["best_val_step"],
-        record["test_acc"],
+        record.best_val_acc,
+        record.best_val_step,
+        record.test_acc,
         results_path,
     )
     return record
@@ -428,7 +422,7 @@ def main(cfg: DictConfig) -> float | None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise failure.__cause__ from None
         sys.exit(1)
-    return record.get("best_val_acc")
+    return record.best_val_acc
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from lra import results
+from lra.results import RunRecord
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak resident set is read from Linux's /proc")
@@ -41,3 +46,51 @@ def test_the_peak_memory_of_a_process_that_has_not_used_cuda_yet_can_be_reset():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) >= 4.0  # the 4 MiB tensor
+
+
+def test_every_committed_record_loads_and_is_written_back_as_it_is():
+    """Today's records (version 1, ``schema_version``) are read, not rewritten: one --collect again gives the same bytes."""
+    paths = sorted((REPO / "results" / "runs").glob("*.json"))
+    assert paths
+    for path in paths:
+        record = RunRecord.read(path)
+        assert record.record_version == 1 and record.status == "finished" and record.config_hash, path.name
+        assert record.to_dict() == json.loads(path.read_text()), path.name
+        assert json.dumps(record.to_dict(committed=True), indent=2, sort_keys=True) + "\n" == path.read_text(), path.name
+
+
+def test_a_record_writes_what_it_holds_in_its_order_and_the_machine_stays_out_of_a_committed_one(tmp_path):
+    record = RunRecord(task="listops", attention="softmax", row="softmax", seed=0, status="running")
+    record.update(data=results.recorded_data({"source": "generated", "max_length": 60, "cache_dir": "/data/cache"}))
+    record.update(steps=6, steps_per_second=None, best_checkpoint="/here/best.ckpt", test_acc=0.5)
+    record.status = "finished"
+    path = tmp_path / results.RESULTS_FILE
+    record.write(path)
+    written = json.loads(path.read_text())
+    # The version first, then the schema's order; a measurement not made is null, a key never set is not written.
+    assert list(written) == [
+        "record_version", "task", "attention", "row", "seed", "status", "data", "steps", "steps_per_second",
+        "test_acc", "best_checkpoint",
+    ]  # fmt: skip
+    assert written["record_version"] == results.RECORD_VERSION and written["steps_per_second"] is None
+    assert written["data"] == {"source": "generated", "max_length": 60}, "task.data's paths are never recorded"
+    assert RunRecord.read(path) == record and RunRecord.read(path).to_dict() == written
+    record.write(path, committed=True)
+    committed = json.loads(path.read_text())
+    assert set(committed) == set(written) - {"best_checkpoint"} and list(committed) == sorted(committed)
+    assert all(key in results.RECORD_KEYS or "." in key for key in results.MACHINE_KEYS + results.CONFIGURATION_KEYS)
+
+
+def test_an_older_record_reads_with_the_settings_added_since_at_their_old_values_and_a_foreign_key_is_refused():
+    old = RunRecord.from_dict({"schema_version": 1, "task": "listops", "attention": "softmax", "seed": 0, "model": {"dim": 64}})
+    assert old.row == "softmax" and old.pretrain is None
+    assert old.configuration() == {
+        "task": "listops",
+        "attention": "softmax",
+        "model": {"dim": 64, "positions": "learned"},
+        "pretrain": {"objective": "none"},
+    }
+    with pytest.raises(ValueError, match="no key"):
+        RunRecord.from_dict({"task": "listops", "test_accuracy": 0.5})
+    with pytest.raises(KeyError):
+        old.update(test_accuracy=0.5)
