@@ -72,7 +72,7 @@ import pandas as pd
 
 from .data.tasks import TASKS as TASK_SPECS
 from .paper import TABLE3, TABLES, PaperTable, Row
-from .results import RESULTS_FILE, with_added_settings
+from .results import CONFIGURATION_KEYS, RESULTS_FILE, RunRecord
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
@@ -80,10 +80,6 @@ TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "
 #: the paper's side of this split when its mean is on the same side of it as the paper's number.
 LISTOPS_SPLIT = 28.0
 MIN_RANKED_ROWS = 3  # Spearman's rho only from this many rows up (two rows always give +-1)
-# Paths differ per machine and mean nothing in a committed record.
-MACHINE_SPECIFIC = ("best_checkpoint", "data_folder", "data_prepared_from", "resumed_from")
-# The parts of a record that configure a run (flattened into the keys a cell must agree on).
-CONFIG_PARTS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain")
 # Keys that name the row, not the section: the attention and its hyperparameters.
 ROW_KEYS = ("attention", "attention_hparams.")
 NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
@@ -92,7 +88,7 @@ BEST_MARGIN = 2.0  # "best" only beyond this many standard errors of the differe
 SAME_RUN = ["setting", "data_source", "seed"]
 
 
-def find_records(folders: Iterable[Path]) -> list[dict[str, Any]]:
+def find_records(folders: Iterable[Path]) -> list[RunRecord]:
     """Every run record under ``folders`` (``results.json`` files and ``*.json`` run records)."""
     records = []
     for folder in folders:
@@ -101,32 +97,34 @@ def find_records(folders: Iterable[Path]) -> list[dict[str, Any]]:
             continue
         for path in sorted(folder.rglob(RESULTS_FILE)) + sorted(folder.glob("*.json")):
             try:
-                record = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as error:
+                values = json.loads(path.read_text())
+                # Not a run's record: another JSON file, or the record of a run that failed before it had a configuration.
+                if not isinstance(values, dict) or "config_hash" not in values or "task" not in values:
+                    continue
+                record = RunRecord.from_dict(values)
+            except (OSError, ValueError) as error:
                 raise SystemExit(f"error: {path} is not a readable run record ({error})") from None
             # A pretraining run (lra.train's stage "pretraining") is part of its fine-tuning runs, not a cell.
-            if isinstance(record, dict) and "config_hash" in record and "task" in record and "stage" not in record:
-                record.setdefault("row", record.get("attention"))
+            if record.stage is None:
                 records.append(record)
     return records
 
 
-def run_file_name(record: dict[str, Any]) -> str:
-    row = record["row"].replace(" ", "_").replace("/", "-").replace("=", "-")
-    return f"{record['task']}__{row}__{record['protocol']['name']}__seed{record['seed']}__{record['config_hash'][:8]}.json"
+def run_file_name(record: RunRecord) -> str:
+    row = record.row.replace(" ", "_").replace("/", "-").replace("=", "-")
+    return f"{record.task}__{row}__{record.protocol['name']}__seed{record.seed}__{record.config_hash[:8]}.json"
 
 
-def collect(records: list[dict[str, Any]], runs_dir: Path) -> int:
+def collect(records: list[RunRecord], runs_dir: Path) -> int:
     """Copy finished runs into ``runs_dir`` as small JSON files; return how many were new."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     new = 0
     for record in records:
-        if record.get("status") != "finished":
+        if record.status != "finished":
             continue
         path = runs_dir / run_file_name(record)
         new += not path.exists()
-        small = {key: value for key, value in record.items() if key not in MACHINE_SPECIFIC}
-        path.write_text(json.dumps(small, indent=2, sort_keys=True) + "\n")
+        record.write(path, committed=True)
     return new
 
 
@@ -152,41 +150,41 @@ def pretraining_label(pretrain: dict[str, Any], protocol: dict[str, Any] | None)
     return f"{pretrain['objective']} ({', '.join(details)})"
 
 
-def settings(record: dict[str, Any]) -> dict[str, str]:
-    """The record's configuration, flattened to ``key: JSON value``, seed excluded; the pretraining as one label."""
-    record = with_added_settings(record)
+def settings(config: dict[str, Any]) -> dict[str, str]:
+    """A record's configuration (:meth:`RunRecord.configuration`), flattened to ``key: JSON value``; the pretraining
+    as one label."""
     flat = {}
-    for part in CONFIG_PARTS:
+    for part in CONFIGURATION_KEYS:
         if part == "pretrain":
-            flat[part] = json.dumps(pretraining_label(record[part], record.get("protocol")))
+            flat[part] = json.dumps(pretraining_label(config[part], config.get("protocol")))
         else:
-            flat.update(flatten(record[part], f"{part}.") if part in record else {part: json.dumps(NOT_RECORDED)})
+            flat.update(flatten(config[part], f"{part}.") if part in config else {part: json.dumps(NOT_RECORDED)})
     return flat
 
 
-def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+def frame(records: list[RunRecord]) -> pd.DataFrame:
     """One row per distinct run: its identity, configuration and result."""
     rows = []
     for record in records:
-        config = settings(record)
-        finished = record.get("status") == "finished"
+        config = record.configuration()
+        finished = record.status == "finished"
         rows.append(
             {
-                "task": record["task"],
-                "row": record["row"],
-                "seed": record["seed"],
-                "protocol": record.get("protocol", {}).get("name", NOT_RECORDED),
-                "status": record.get("status", "unknown"),
-                "error": record.get("error") or "",
-                "finished_at": record.get("finished_at") or "",
-                "config_hash": record["config_hash"],
-                "setting": json.dumps(config, sort_keys=True),
+                "task": record.task,
+                "row": record.row,
+                "seed": record.seed,
+                "protocol": (record.protocol or {}).get("name", NOT_RECORDED),
+                "status": record.status or "unknown",
+                "error": record.error or "",
+                "finished_at": record.finished_at or "",
+                "config_hash": record.config_hash,
+                "setting": json.dumps(settings(config), sort_keys=True),
                 # A finished run also says which data it used (source=auto resolves to one of two).
-                "data_source": (record.get("data_source") or NOT_RECORDED) if finished else None,
-                "accuracy": 100 * record["test_acc"] if finished else math.nan,
-                "num_test": (record.get("num_samples") or {}).get("test") if finished else None,
-                "model": with_added_settings(record)["model"],
-                "protocol_fields": record.get("protocol"),
+                "data_source": (record.data_source or NOT_RECORDED) if finished else None,
+                "accuracy": 100 * record.test_acc if finished else math.nan,
+                "num_test": (record.num_samples or {}).get("test") if finished else None,
+                "model": config["model"],
+                "protocol_fields": record.protocol,
             }
         )
     runs = pd.DataFrame(rows)
@@ -419,7 +417,7 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTab
     return left_out.sort_values(["task", "row", "seed", "protocol", "config_hash"]).reset_index(drop=True)
 
 
-def build(records: list[dict[str, Any]], published: PaperTable = TABLE3) -> Table:
+def build(records: list[RunRecord], published: PaperTable = TABLE3) -> Table:
     """The table of ``records`` for the paper's table ``published``: its sections of cells, and the runs that are not
     cells."""
     runs = frame(records)
@@ -752,7 +750,7 @@ def figure(table: Table, path: Path) -> None:
 
 
 def write_all(
-    records: list[dict[str, Any]],
+    records: list[RunRecord],
     out_dir: Path,
     source: str,
     name: str | None = None,
@@ -762,7 +760,7 @@ def write_all(
     """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default the paper table's) into
     ``out_dir`` from ``records`` (only those of ``protocols`` if given)."""
     if protocols:
-        records = [record for record in records if record.get("protocol", {}).get("name") in protocols]
+        records = [record for record in records if (record.protocol or {}).get("name") in protocols]
     if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")

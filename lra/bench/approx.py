@@ -54,7 +54,6 @@ beside n_max/n_min, and the zero-row fractions at both ends.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import textwrap
 from dataclasses import dataclass, field
@@ -73,7 +72,7 @@ from lra.data import cache
 from lra.data.tasks import TokenDataset, get_spec
 from lra.model import LRAEncoder
 from lra.module import LRAClassificationModule
-from lra.results import RESULTS_FILE, device_name
+from lra.results import RESULTS_FILE, RunRecord, device_name
 
 FIELDS = [
     "source",
@@ -136,7 +135,7 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
+def read_run(run_dir: Path) -> RunRecord:
     if not run_dir.is_dir():
         raise FileNotFoundError(
             f"run folder {run_dir} does not exist: pass a folder written by `python -m lra.train` "
@@ -145,13 +144,13 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {run_dir} is not a training run folder (`python -m lra.train` writes one)")
-    return json.loads(path.read_text())
+    return RunRecord.read(path)
 
 
-def best_checkpoint(run_dir: Path, record: dict[str, Any]) -> Path:
+def best_checkpoint(run_dir: Path, record: RunRecord) -> Path:
     """The run's best checkpoint: the local ``checkpoints/best-*.ckpt`` (the folder may have moved since
     training recorded its absolute path), else that recorded path."""
-    recorded = Path(record["best_checkpoint"]) if record.get("best_checkpoint") else None
+    recorded = Path(record.best_checkpoint) if record.best_checkpoint else None
     local = sorted((run_dir / "checkpoints").glob("best-*.ckpt"))
     if recorded is not None and (run_dir / "checkpoints" / recorded.name) in local:
         return run_dir / "checkpoints" / recorded.name
@@ -165,19 +164,19 @@ def best_checkpoint(run_dir: Path, record: dict[str, Any]) -> Path:
     if recorded is not None and recorded.is_file():
         return recorded
     raise FileNotFoundError(
-        f"no best checkpoint in {run_dir / 'checkpoints'} (run status: {record.get('status', 'unknown')}); "
+        f"no best checkpoint in {run_dir / 'checkpoints'} (run status: {record.status or 'unknown'}); "
         "wait for the run to finish, or pass a checkpoint file with --checkpoint"
     )
 
 
-def data_cache_folder(run_dir: Path, record: dict[str, Any]) -> Path:
+def data_cache_folder(run_dir: Path, record: RunRecord) -> Path:
     """The run's prepared data: ``data_folder`` is relative to the folder training started in."""
-    folder = Path(record["data_folder"])
+    folder = Path(record.data_folder)
     if (folder / cache.MANIFEST).is_file():
         return folder
     raise FileNotFoundError(
         f"the data cache of {run_dir} ({folder}) was not found from {Path.cwd()}: run this from the folder "
-        f"training started in, or prepare the {record['task']} data again (`python -m lra.data prepare`)"
+        f"training started in, or prepare the {record.task} data again (`python -m lra.data prepare`)"
     )
 
 
@@ -242,7 +241,7 @@ def trained_vectors(run_dir: Path, checkpoint: Path | None, num_tokens: int, sam
     encoder = module.model.encoder.to(device)
     spec = get_spec(module.hparams.task)
     splits, _ = cache.load(data_cache_folder(run_dir, record))
-    dataset = TokenDataset(splits["test"], encoder.seq_len, spec.token_offset(record.get("data") or {}))
+    dataset = TokenDataset(splits["test"], encoder.seq_len, spec.token_offset(record.data or {}))
     # A YOSO-m model hashes at random in its own forward, and later layers' inputs depend on it.
     torch.manual_seed(0)
     with torch.no_grad():
@@ -254,7 +253,7 @@ def trained_vectors(run_dir: Path, checkpoint: Path | None, num_tokens: int, sam
         for stream in streams
     )
     attention = module.hparams.attention["name"]
-    row = record.get("row")
+    row = record.row
     core = encoder.blocks[0].attention.attention
     model_hash_bits = core.hash_bits if isinstance(core, YosoAttention) else None
     return Vectors(

@@ -50,7 +50,7 @@ import torch
 
 from lra import config
 from lra.bench.output import RESULTS, write_csv
-from lra.results import git_commit
+from lra.results import RunRecord, git_commit
 from yoso_cuda.build import cuda_toolkit
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
@@ -306,8 +306,9 @@ def train_figures(train_dir: Path, out: Path) -> tuple[list[str], bool]:
     rows = []
     for preset in preset_names():
         found = sorted(train_dir.glob(f"*/{preset}/**/results.json"))
-        record = json.loads(found[-1].read_text()) if found else {"status": "missing"}
-        rows.append({"attention_preset": preset, **{key: record.get(key, "") for key in TRAIN_FIELDS[1:]}})
+        record = RunRecord.read(found[-1]) if found else RunRecord(status="missing")
+        values = {key: getattr(record, key) for key in TRAIN_FIELDS[1:]}
+        rows.append({"attention_preset": preset, **{key: "" if value is None else value for key, value in values.items()}})
     write_csv(rows, out / "train_presets_cuda.csv", TRAIN_FIELDS)
     figures = [
         f"{r['attention_preset']}: {r['status']}, {r['steps']} steps, test acc {r['test_acc']}, {r['wall_time_s']} s, "

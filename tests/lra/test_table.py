@@ -1,5 +1,6 @@
 """``python -m lra.table``: run records -> Table 3 (Markdown, CSV, LaTeX, figure)."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import pandas as pd
 import pytest
 
 from lra import paper, table
+from lra.results import RunRecord
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = dict(
@@ -66,14 +68,14 @@ def record(
         result.update(test_acc=acc, data_source=source, num_samples={"train": 2000, "val": 256, "test": num_test})
     else:
         result["error"] = extra.get("error", "RuntimeError: out of memory")
-    return result
+    return RunRecord.from_dict(result)
 
 
 def write_runs(folder, records):
     for i, r in enumerate(records):
         run = folder / f"run{i}"
         run.mkdir(parents=True)
-        (run / "results.json").write_text(json.dumps(r))
+        (run / "results.json").write_text(json.dumps(r.to_dict()))
 
 
 def only(sections, title):
@@ -120,8 +122,8 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
         # The same configuration and seed run again: the latest finished counts, and the table says so.
         record("softmax", "listops", 1, 0.30, finished_at="2026-02-01T00:00:00"),
     ]
-    records[2]["config_hash"] += "-other-machine"
-    copy = dict(records[0])  # one run found twice (outputs/ and results/runs/) is one record
+    records[2].config_hash += "-other-machine"
+    copy = dataclasses.replace(records[0])  # one run found twice (outputs/ and results/runs/) is one record
     result = table.build([*records, copy])
     (section,) = result.sections
     cell = section.cell("softmax", "listops")
@@ -244,9 +246,9 @@ def test_only_sections_with_cells_and_runs_that_are_not_cells_listed_once_at_the
         record("my_attention", "listops", 0, 0.9),
         record("softmax", "listops", 0, 0.31, num_test=None),  # no test size recorded: no float column either
     ]
-    records[-1]["num_samples"] = {"train": 2000}
-    records[-1]["config_hash"] = "no-test-size"
-    records[-1]["data"] = {"source": "generated", "max_length": 300}
+    records[-1].num_samples = {"train": 2000}
+    records[-1].config_hash = "no-test-size"
+    records[-1].data = {"source": "generated", "max_length": 300}
     result = table.build(records)
     assert [s.title for s in result.sections] == ["smoke, data.max_length=250", "smoke, data.max_length=300"]
     text = table.markdown(result, "test records")
@@ -365,7 +367,7 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
     write_runs(outputs, [record("softmax", "listops", s, 0.3 + s / 100) for s in range(3)])
     committed = record("yoso_32", "pathfinder", 0, 0.7, hparams={})
     (results / "runs").mkdir(parents=True)
-    (results / "runs" / "committed.json").write_text(json.dumps(committed))
+    (results / "runs" / "committed.json").write_text(json.dumps(committed.to_dict()))
     args = ["--runs", str(outputs), "--results", str(results), "--out", str(outputs)]
 
     table.main(args)
@@ -448,7 +450,7 @@ def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections(
         record("softmax", "listops", 0, 0.60, pretrain=mlm, model={**MODEL, "positions": "rotary"}),
     ]
     for r in records:  # the hash stands for the whole configuration, pretraining and positions included
-        r["config_hash"] = hashlib.sha256(json.dumps([r["config_hash"], r.get("pretrain"), r["model"]]).encode()).hexdigest()[:16]
+        r.config_hash = hashlib.sha256(json.dumps([r.config_hash, r.pretrain, r.model]).encode()).hexdigest()[:16]
     sections = {s.title: s for s in sections_of(records)}
     scratch = sections["smoke, model.positions=learned, pretrain=none (from scratch)"]
     assert scratch.cell("softmax", "listops")["seeds"] == [0, 1]  # the old record is a from-scratch, learned run
@@ -462,7 +464,7 @@ def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections(
 
 def test_pretraining_runs_are_not_cells(tmp_path):
     write_runs(tmp_path, [record("softmax", "listops", 0, 0.3), record("softmax", "listops", 0, 0.9, stage="pretraining")])
-    assert [r["test_acc"] for r in table.find_records([tmp_path])] == [0.3]
+    assert [r.test_acc for r in table.find_records([tmp_path])] == [0.3]
 
 
 def test_one_protocols_table_under_its_own_name(tmp_path):
