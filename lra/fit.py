@@ -28,11 +28,13 @@ from .datamodule import LRADataModule
 from .module import (
     LRAClassificationModule,
     LRAMaskedLMModule,
+    LRAModule,
     compile_backend,
     compile_model,
     load_pretrained_encoder,
     read_checkpoint,
 )
+from .results import CLASSIFICATION, PRETRAINING
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -95,40 +97,34 @@ def checkpoint_step(path: Path) -> int:
     return read_checkpoint(path)["global_step"]
 
 
-def fit_and_test(
-    cfg: DictConfig,
-    output_dir: Path,
-    resume_from: Path | None,
-    world_size: int,
-    headline: str,
-    stage: str = "classification",
-    init_from: Path | None = None,
-) -> dict[str, Any]:
-    """Train (from ``resume_from`` if given), test the best-validation checkpoint; return what it measured, the
-    :class:`lra.results.RunRecord` keys it records (``record.update(**measured)``).
-
-    ``headline`` (the cell, its protocol and its folder) is logged with the model's parameter count, once built.
-
-    ``stage`` ``pretraining`` trains ``cfg.pretrain``'s objective (masked prediction) instead of the
-    classifier; ``init_from`` is a pretraining checkpoint the classifier's encoder starts from.
-    """
-    protocol = cfg.task.protocol
-    # trainer.compile is the harness's (lra.module.compile_model), not a Trainer argument.
+def trainer_arguments(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
+    """The Trainer's arguments from ``conf/trainer`` and the ``torch.compile`` backend, if any: ``trainer.compile`` is
+    the harness's (:func:`lra.module.compile_model`), not a Trainer argument."""
     compile_with = compile_backend(cfg.trainer.get("compile", False))
-    trainer_args = {key: value for key, value in cfg.trainer.items() if key != "compile"}
+    arguments = {key: value for key, value in cfg.trainer.items() if key != "compile"}
     if compile_with is not None:
         # Fit's evaluations run under no_grad; testing under inference_mode would compile the model once more.
-        trainer_args.setdefault("inference_mode", False)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = LRADataModule(
+        arguments.setdefault("inference_mode", False)
+    return arguments, compile_with
+
+
+def build_datamodule(cfg: DictConfig, world_size: int) -> LRADataModule:
+    """The task's data in batches of each process's share of the protocol's batch."""
+    return LRADataModule(
         task=cfg.task.name,
         seq_len=cfg.task.seq_len,
         data=OmegaConf.to_container(cfg.task.data, resolve=True),
-        batch_size=protocol.batch_size // world_size,
+        batch_size=cfg.task.protocol.batch_size // world_size,
         num_workers=cfg.num_workers,
         seed=cfg.seed,
     )
-    settings = dict(
+
+
+def build_module(cfg: DictConfig, stage: str, init_from: Path | None) -> LRAModule:
+    """The model and its optimisation for ``stage``: masked prediction for pretraining, else the classifier, whose
+    encoder starts from the pretraining checkpoint ``init_from`` where given."""
+    protocol = cfg.task.protocol
+    arguments = dict(
         task=cfg.task.name,
         seq_len=cfg.task.seq_len,
         model=OmegaConf.to_container(cfg.model, resolve=True),
@@ -138,25 +134,26 @@ def fit_and_test(
         max_steps=protocol.max_steps,
         weight_decay=protocol.weight_decay,
     )
-    if stage == "pretraining":
-        module = LRAMaskedLMModule(**settings, mask_rate=cfg.pretrain.mask_rate)
-    else:
-        module = LRAClassificationModule(**settings)
-        if init_from is not None:
-            load_pretrained_encoder(module, init_from)
-    num_parameters = sum(p.numel() for p in module.parameters())
-    log.info("%s, %s parameters", headline, f"{num_parameters:,}")
-    if compile_with is not None:
-        compile_model(module, compile_with)
+    if stage == PRETRAINING:
+        return LRAMaskedLMModule(**arguments, mask_rate=cfg.pretrain.mask_rate)
+    module = LRAClassificationModule(**arguments)
+    if init_from is not None:
+        load_pretrained_encoder(module, init_from)
+    return module
+
+
+def build_trainer(cfg: DictConfig, output_dir: Path, resume_from: Path | None, arguments: dict[str, Any]) -> pl.Trainer:
+    """The Trainer of ``conf/trainer`` with the callbacks of ``conf/callbacks``, the logger of ``conf/logger`` and the
+    protocol's steps and evaluation schedule."""
+    protocol = cfg.task.protocol
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
     if not cfg.trainer.enable_progress_bar:  # Lightning refuses a progress bar callback it was told not to show
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
     resume_step = checkpoint_step(resume_from) if resume_from else None  # read safely before Lightning unpickles it
     resume = {"resume_step": resume_step} if resume_from and "resume_step" in cfg.logger else {}
-    logger = instantiate(cfg.logger, "the logger", **resume)
     trainer = pl.Trainer(
-        **trainer_args,
+        **arguments,
         max_steps=protocol.max_steps,
         val_check_interval=protocol.val_check_interval,
         check_val_every_n_epoch=None,
@@ -165,53 +162,105 @@ def fit_and_test(
         limit_val_batches=protocol.limit_val_batches,
         use_distributed_sampler=False,
         callbacks=callbacks,
-        logger=logger,
+        logger=instantiate(cfg.logger, "the logger", **resume),
         log_every_n_steps=min(50, protocol.val_check_interval),
         default_root_dir=output_dir,
     )
-    checkpoint = trainer.checkpoint_callback
-    if not isinstance(checkpoint, ModelCheckpoint):
+    if not isinstance(trainer.checkpoint_callback, ModelCheckpoint):
         raise ValueError("the callbacks must include a ModelCheckpoint (callbacks.checkpoint): its best checkpoint is tested")
+    return trainer
+
+
+def single_process_tester(trainer: pl.Trainer, cfg: DictConfig, arguments: dict[str, Any]) -> pl.Trainer | None:
+    """The Trainer that tests after ``trainer`` trained: itself, or after a distributed run a single-process one on
+    rank 0 (a distributed sampler would pad the test set with repeated samples) and None on the other ranks."""
+    if trainer.world_size == 1:
+        return trainer
+    if trainer.global_rank != 0:
+        return None
+    device = trainer.strategy.root_device
+    torch.distributed.destroy_process_group()
+    return pl.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=[device.index] if device.type == "cuda" else 1,
+        precision=cfg.trainer.precision,
+        logger=False,
+        enable_progress_bar=cfg.trainer.enable_progress_bar,
+        inference_mode=arguments.get("inference_mode", True),
+    )
+
+
+def what_trained(trainer: pl.Trainer, module: LRAModule) -> dict[str, Any]:
+    """The record's keys of what training did, read from the Trainer that trained (the strategy may differ from what
+    the config asked for)."""
+    best = trainer.checkpoint_callback.best_model_path
+    if not best:
+        raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
+    return dict(
+        num_parameters=sum(p.numel() for p in module.parameters()),
+        steps=trainer.global_step,
+        steps_per_second=steps_per_second(trainer.callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
+        processes=trainer.world_size,
+        best_val_acc=float(trainer.checkpoint_callback.best_model_score),
+        best_val_step=checkpoint_step(Path(best)),  # read safely before Lightning tests it
+        best_checkpoint=str(best),
+    )
+
+
+def fit_and_test(
+    cfg: DictConfig,
+    output_dir: Path,
+    resume_from: Path | None,
+    world_size: int,
+    headline: str,
+    stage: str = CLASSIFICATION,
+    init_from: Path | None = None,
+) -> dict[str, Any]:
+    """Train ``stage``'s model (from ``resume_from`` if given; the classifier's encoder from the pretraining checkpoint
+    ``init_from``), test its best-validation checkpoint; return the :class:`lra.results.RunRecord` keys it measured
+    (none on a distributed run's ranks other than 0, which do not test). ``headline`` is logged with the parameter count.
+    """
+    arguments, compile_with = trainer_arguments(cfg)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(cfg, world_size)
+    module = build_module(cfg, stage, init_from)
+    log.info("%s, %s parameters", headline, f"{sum(p.numel() for p in module.parameters()):,}")
+    if compile_with is not None:
+        compile_model(module, compile_with)
+    trainer = build_trainer(cfg, output_dir, resume_from, arguments)
     results.reset_peak_memory(trainer.strategy.root_device)
     on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     with without_known_warnings(), on_interrupt.stop_between_steps() if on_interrupt else nullcontext():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
-    if not checkpoint.best_model_path:
-        raise RuntimeError("training ended without a validation checkpoint; check val_check_interval and max_steps")
-    best_val_step = checkpoint_step(Path(checkpoint.best_model_path))  # read safely before Lightning tests it
-    # What actually ran (the strategy may differ from what the config asked for).
-    device, steps, world_size = trainer.strategy.root_device, trainer.global_step, trainer.world_size
-    if trainer.world_size > 1:
-        # The test runs once, on rank 0 alone: a distributed sampler would pad the test set with
-        # repeated samples. The other ranks are done.
-        if trainer.global_rank != 0:
-            return {}
-        torch.distributed.destroy_process_group()
-        trainer = pl.Trainer(
-            accelerator=cfg.trainer.accelerator,
-            devices=[device.index] if device.type == "cuda" else 1,
-            precision=cfg.trainer.precision,
-            logger=False,
-            enable_progress_bar=cfg.trainer.enable_progress_bar,
-            inference_mode=trainer_args.get("inference_mode", True),
-        )
+    trained = what_trained(trainer, module)
+    best = trained["best_checkpoint"]
+    device = trainer.strategy.root_device
+    if (tester := single_process_tester(trainer, cfg, arguments)) is None:
+        return {}
     with without_known_warnings():
-        test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
+        test_metrics = tester.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    return measured(cfg, datamodule, device, compile_with, trained, test_metrics)
+
+
+def measured(
+    cfg: DictConfig,
+    datamodule: LRADataModule,
+    device: torch.device,
+    compile_with: str | None,
+    trained: dict[str, Any],
+    test_metrics: dict[str, float],
+) -> dict[str, Any]:
+    """The run record's keys of a tested run: what ``trained`` holds, what was tested on and how well, and on what."""
     peak_memory, peak_memory_kind = results.peak_memory_mb(device)
+    task_data = datamodule.task_data
     return {
-        "data_source": datamodule.task_data.data_source,
-        "data_folder": str(datamodule.task_data.folder),
-        "data_prepared_from": datamodule.task_data.manifest["source"]["path"],
-        "num_samples": {split: len(data) for split, data in datamodule.task_data.splits.items()},
-        "num_parameters": num_parameters,
-        "steps": steps,
-        "steps_per_second": steps_per_second(callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
-        "processes": world_size,
-        "best_val_acc": float(checkpoint.best_model_score),
-        "best_val_step": best_val_step,
+        **trained,
+        "data_source": task_data.data_source,
+        "data_folder": str(task_data.folder),
+        "data_prepared_from": task_data.manifest["source"]["path"],
+        "num_samples": {split: len(data) for split, data in task_data.splits.items()},
         "test_acc": test_metrics["test/acc"],
         "test_loss": test_metrics["test/loss"],
-        "best_checkpoint": str(checkpoint.best_model_path),
         "peak_memory_mb": round(peak_memory, 1),
         "peak_memory_kind": peak_memory_kind,
         "device": results.device_name(device),

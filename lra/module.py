@@ -23,6 +23,7 @@ from torch import nn
 
 from .data.tasks import get_spec
 from .model import AttentionConfig, ModelConfig, build_classifier, build_encoder
+from .protocol import schedule_problem
 
 IGNORED = -100  # the label of a position the masked-prediction loss does not count (cross_entropy's ignore_index)
 # The settings a pretrained encoder must share with the model it starts.
@@ -59,11 +60,8 @@ class LRAModule(pl.LightningModule):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        if not 0 <= warmup_steps < max_steps or warmup_steps == 1:
-            raise ValueError(
-                f"need warmup_steps = 0 or 2 <= warmup_steps < max_steps (OneCycleLR divides by warmup_steps - 1), "
-                f"got warmup_steps={warmup_steps}, max_steps={max_steps}"
-            )
+        if problem := schedule_problem(warmup_steps, max_steps):
+            raise ValueError(problem)
         self.save_hyperparameters(
             "task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps", "weight_decay", "eps"
         )
@@ -84,9 +82,9 @@ class LRAModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def add_accuracies(self, num_classes: int, **options: Any) -> None:
-        """One accuracy metric per stage (``train_acc``, ``val_acc``, ``test_acc``)."""
-        for stage in ("train", "val", "test"):
-            setattr(self, f"{stage}_acc", torchmetrics.Accuracy(task="multiclass", num_classes=num_classes, **options))
+        """One accuracy metric per data split (``train_acc``, ``val_acc``, ``test_acc``)."""
+        for split in ("train", "val", "test"):
+            setattr(self, f"{split}_acc", torchmetrics.Accuracy(task="multiclass", num_classes=num_classes, **options))
 
     def loss_and_predictions(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The objective: ``(loss, logits, targets)`` of a batch, logits and targets as the accuracy reads them."""
@@ -96,14 +94,14 @@ class LRAModule(pl.LightningModule):
         """The module whose call is the model's forward pass (what :func:`compile_model` compiles): this one's ``forward``."""
         return self
 
-    def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+    def _step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
         loss, logits, targets = self.loss_and_predictions(batch)
-        accuracy = getattr(self, f"{stage}_acc")
+        accuracy = getattr(self, f"{split}_acc")
         accuracy(logits, targets)
-        on_step = stage == "train"
+        on_step = split == "train"
         # Epoch-level values are averaged over the processes of a distributed run.
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
-        self.log(f"{stage}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
+        self.log(f"{split}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
+        self.log(f"{split}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
         return loss
 
     def training_step(self, batch, batch_idx):

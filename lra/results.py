@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 RESULTS_FILE = "results.json"
+CLASSIFICATION, PRETRAINING = "classification", "pretraining"  # a run's stage (RunRecord.stage: a pretraining run's)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -153,7 +154,7 @@ class RunRecord:
     lightning_version: str | None = None
     started_at: str | None = None
     status: str | None = None  # running, finished, failed or interrupted
-    stage: str | None = None  # "pretraining" for a pretraining run; a classification run has none
+    stage: str | None = None  # PRETRAINING for a pretraining run; a classification run has none
     protocol: dict[str, Any] | None = None
     model: dict[str, Any] | None = None
     pretrain: dict[str, Any] | None = None

@@ -18,7 +18,6 @@ other cells go on and the sweep ends with a summary (``lra/sweep.py``).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -26,6 +25,8 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -34,34 +35,24 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 import attention_zoo
 
 from . import config, results
 from .data.cache import file_sha256
-from .results import RunRecord
+from .protocol import Protocol
+from .results import CLASSIFICATION, PRETRAINING, RunRecord
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation, a failure's traceback.
 file_log = logging.getLogger("lra.train.file")
 
-# The protocol's fields and their types: anything else in task.protocol is an error, not ignored.
-PROTOCOL_FIELDS = {
-    "name": str,
-    "batch_size": int,
-    "max_steps": int,
-    "warmup_steps": int,
-    "val_check_interval": int,
-    "limit_val_batches": int,
-    "lr": float,
-    "weight_decay": float,
-}
-WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
 PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
-PRETRAINING = "pretraining"  # the stage of a pretraining run (its record's "stage")
 HISTORY = "history"  # a run folder's earlier finished runs, moved there by rerun=true
 RUN_FILES = ("checkpoints", "metrics", "tensorboard", "wandb")  # what a run writes besides results.json and train.log
+# Runs the pretraining stage of a checked configuration: what the fine-tuning records of it, and its checkpoint.
+Pretrained = Callable[[DictConfig], tuple[dict[str, Any], Path]]
 
 config.register()  # before @hydra.main composes: the attention_zoo group and the resolvers
 
@@ -100,52 +91,15 @@ def quiet_library_noise() -> None:
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
-def check_protocol(protocol: DictConfig) -> dict[str, dict[str, Any]]:
-    """Validate ``task.protocol`` and fit it to a shortened run; return what was adjusted.
-
-    A run shortened with ``task.protocol.max_steps=N`` alone keeps the experiment's warmup and
-    evaluation interval, which may not fit: a warmup of at least N steps becomes a tenth of N (0 below
-    20 steps, since the schedule needs 0 or at least 2), an evaluation interval above N becomes N.
-    Each adjustment is logged and returned (``results.json`` records it under ``adjusted``).
-    """
-    unknown = sorted(set(protocol) - set(PROTOCOL_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown task.protocol field(s) {unknown}; the protocol has {', '.join(PROTOCOL_FIELDS)}")
-    for key, kind in PROTOCOL_FIELDS.items():
-        value = protocol.get(key)
-        valid = isinstance(value, kind) or (kind is float and isinstance(value, int))
-        if not valid or isinstance(value, bool):
-            raise TypeError(f"task.protocol.{key} must be {kind.__name__}, got {value!r}")
-    for key in ("batch_size", "max_steps", "val_check_interval", "limit_val_batches"):
-        if protocol[key] < 1:
-            raise ValueError(f"task.protocol.{key} must be at least 1, got {protocol[key]}")
-    if protocol.warmup_steps < 0 or protocol.lr <= 0 or protocol.weight_decay < 0:
-        raise ValueError(
-            f"need warmup_steps >= 0, lr > 0 and weight_decay >= 0; got warmup_steps={protocol.warmup_steps}, "
-            f"lr={protocol.lr}, weight_decay={protocol.weight_decay}"
-        )
-    if protocol.warmup_steps == 1:
-        raise ValueError("task.protocol.warmup_steps must be 0 or at least 2 (OneCycleLR divides by warmup_steps - 1)")
-    adjusted = {}
-    steps = protocol.max_steps
-    if protocol.warmup_steps >= steps:
-        warmup = int(WARMUP_SHARE_WHEN_SHORTENED * steps)
-        warmup = warmup if warmup >= 2 else 0
-        adjusted["warmup_steps"] = {
-            "from": protocol.warmup_steps,
-            "to": warmup,
-            "why": f"must be below max_steps={steps}; a tenth of it",
-        }
-    if protocol.val_check_interval > steps:
-        adjusted["val_check_interval"] = {
-            "from": protocol.val_check_interval,
-            "to": steps,
-            "why": f"must not exceed max_steps={steps}, so the run is evaluated",
-        }
+def fitted_protocol(cfg: DictConfig, section: str) -> tuple[DictConfig, dict[str, dict[str, Any]]]:
+    """``cfg`` with its ``<section>.protocol`` checked and fitted to a shortened run (:meth:`Protocol.fitted`): a new
+    config (``cfg`` is left as composed) and what was adjusted, each adjustment logged."""
+    protocol = Protocol.checked(OmegaConf.to_container(cfg[section].protocol, resolve=True))
+    adjusted = protocol.fitted()
     for key, change in adjusted.items():
-        protocol[key] = change["to"]
-        log.warning("Adjusted task.protocol.%s from %s to %s (%s)", key, change["from"], change["to"], change["why"])
-    return adjusted
+        log.warning("Adjusted %s.protocol.%s from %s to %s (%s)", section, key, change["from"], change["to"], change["why"])
+    changes = {key: change["to"] for key, change in adjusted.items()}
+    return OmegaConf.merge(cfg, {section: {"protocol": changes}}), adjusted
 
 
 def check_task(task: DictConfig) -> None:
@@ -161,6 +115,19 @@ def check_task(task: DictConfig) -> None:
             f"would not see the end of the longer sequences; set task.seq_len to at least {task.data.max_length} "
             f"or task.data.max_length to at most {task.seq_len}"
         )
+
+
+def checked(cfg: DictConfig, stage: str) -> tuple[DictConfig, dict[str, dict[str, Any]]]:
+    """``cfg`` validated and its protocols fitted to the run's steps (a new config) and what was adjusted: the
+    task's protocol, then the pretraining's where this classification stage has one (it defaults to the task's)."""
+    check_task(cfg.task)
+    if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
+        raise ValueError(f"pretrain.objective must be one of {', '.join(PRETRAINING_OBJECTIVES)}, got {cfg.pretrain.objective!r}")
+    cfg, adjusted = fitted_protocol(cfg, "task")
+    if stage == CLASSIFICATION and cfg.pretrain.objective != "none":
+        cfg, pretraining = fitted_protocol(cfg, "pretrain")
+        adjusted.update({f"pretrain.{key}": change for key, change in pretraining.items()})
+    return cfg, adjusted
 
 
 def unknown_hparam_overrides(overrides: list[str]) -> str | None:
@@ -216,87 +183,44 @@ def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:
     return target
 
 
-def defining_config(cfg: DictConfig, stage: str = "classification") -> dict[str, Any]:
+def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path) -> RunRecord | None:
+    """The finished run of ``record``'s configuration this run is skipped for, committed or in ``output_dir``; or
+    None to train (with ``rerun=true``, after moving the earlier run's files to ``history/``)."""
+    previous = results.read(output_dir / results.RESULTS_FILE)
+    same_config = previous is not None and previous.config_hash == record.config_hash
+    committed = None if same_config or cfg.rerun else committed_run(cfg, record.config_hash)
+    if committed is not None:
+        log.info(
+            "Skipping: %s holds a finished run of this configuration (%s), committed; add rerun=true to run it again",
+            committed,
+            record.config_hash,
+        )
+        return RunRecord.read(committed)
+    if not same_config or previous.status != "finished":
+        return None
+    if cfg.rerun:
+        log.info("Rerunning: the earlier run's files moved to %s", archive_finished_run(output_dir, previous))
+        return None
+    log.info(
+        "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it again "
+        "(for example with another logger), which moves the earlier run's files to %s",
+        output_dir / results.RESULTS_FILE,
+        record.config_hash,
+        output_dir / HISTORY,
+    )
+    return previous
+
+
+def defining_config(cfg: DictConfig, stage: str = CLASSIFICATION) -> dict[str, Any]:
     """The settings that determine a run's result (not where it writes or on which device)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    defining = {key: resolved[key] for key in ("task", "attention", "model", "seed", "pretrain")}
+    defining = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("task", "attention", "model", "pretrain")}
+    defining["seed"] = cfg.seed
     return {**defining, "stage": stage} if stage == PRETRAINING else defining
 
 
-def pretraining_run(cfg: DictConfig, row: str | None = None) -> tuple[DictConfig, Path]:
-    """The configuration and folder of the pretraining run that ``cfg``'s fine-tuning starts from.
-
-    Its protocol is ``pretrain.protocol``; the folder, under ``<output_dir>/pretrain/<task>/``, is
-    named by a hash of its defining settings (task data, model, attention, seed, pretraining), so
-    fine-tuning runs that share them share one pretraining run.
-    """
-    objective = cfg.pretrain.objective
-    pretraining = copy.deepcopy(cfg)
-    with open_dict(pretraining):
-        pretraining.pretrain = OmegaConf.to_container(cfg.pretrain, resolve=True)
-        pretraining.task.protocol = pretraining.pretrain.protocol
-        digest = results.config_hash(defining_config(pretraining, PRETRAINING))
-        preset = (row or cfg.attention.name).split(" ")[0]
-        name = f"{preset}-{objective}-seed{cfg.seed}-{digest}"
-        folder = Path(cfg.paths.output_dir).absolute() / "pretrain" / cfg.task.name / name
-        pretraining.callbacks.checkpoint.dirpath = str(folder / "checkpoints")
-        if "save_dir" in pretraining.logger:
-            pretraining.logger.save_dir = str(folder)
-    return pretraining, folder
-
-
-def pretrain_first(cfg: DictConfig, row: str | None) -> dict[str, Any]:
-    """Run (or resume, or reuse) the pretraining run of ``cfg``; what the fine-tuning records of it."""
-    pretraining, folder = pretraining_run(cfg, row)
-    log.info("Pretraining first (%s), in %s", cfg.pretrain.objective, folder)
-    record = train(pretraining, folder, row, stage=PRETRAINING)
-    checkpoint = Path(record.best_checkpoint)
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"the pretraining run's checkpoint {checkpoint} is missing; delete {folder} to pretrain again")
-    return {
-        "objective": cfg.pretrain.objective,
-        "steps": record.steps,
-        "checkpoint": str(checkpoint),
-        "checkpoint_sha256": file_sha256(checkpoint),
-        "config_hash": record.config_hash,
-        "val_masked_acc": record.best_val_acc,
-    }
-
-
-def processes(trainer_cfg: DictConfig) -> int:
-    """How many training processes the trainer config asks for (devices x nodes)."""
-    devices = trainer_cfg.devices
-    if isinstance(devices, str) or (isinstance(devices, int) and devices < 1):
-        raise ValueError(f"trainer.devices must be a device count or a list of devices, got {devices!r}")
-    per_node = devices if isinstance(devices, int) else len(devices)
-    return per_node * trainer_cfg.get("num_nodes", 1)
-
-
-def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str = "classification") -> RunRecord:
-    """Run one cell unless ``output_dir`` already holds its finished result; return the record.
-
-    ``stage`` is ``classification`` (the task; after pretraining when ``cfg.pretrain`` asks for it)
-    or ``pretraining`` (the objective of ``cfg.pretrain`` on the task's inputs, see :func:`pretrain_first`).
-
-    An earlier interrupted or failed run of the same configuration resumes from its last
-    checkpoint. Any failure, from a bad setting to an error in training, is recorded in
-    ``results.json`` (status ``failed``), logged (the message on the console, the traceback in
-    train.log) and raised as :class:`RunFailed`. ``row`` names the table row the run belongs to
-    (the attention preset and any overrides of it).
-    """
-    # Lightning, the model and the data: only a run that trains pays for importing them.
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
-    from .fit import fit_and_test
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    results_path = output_dir / results.RESULTS_FILE
-    write = rank_zero_only(RunRecord.write)  # one process of a distributed run writes results.json
-    cell = f"{cfg.task.name} / {row or cfg.attention.name} / seed {cfg.seed}"
-    if stage == PRETRAINING:
-        cell = f"{cell} / pretraining ({cfg.pretrain.objective})"
-    record = RunRecord(
+def new_record(cfg: DictConfig, row: str | None, stage: str) -> RunRecord:
+    """The record of a run about to start: what is known before its configuration is checked."""
+    return RunRecord(
         task=cfg.task.name,
         attention=cfg.attention.name,
         row=row or cfg.attention.name,
@@ -308,72 +232,66 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         status="running",
         stage=stage if stage == PRETRAINING else None,
     )
+
+
+def record_configuration(record: RunRecord, cfg: DictConfig, stage: str) -> None:
+    """Record the checked configuration of ``cfg``'s run: its protocol, model, data and the hash that identifies it."""
+    defining = defining_config(cfg, stage)
+    record.update(
+        protocol=defining["task"]["protocol"],
+        model=defining["model"],
+        pretrain=defining["pretrain"],
+        seq_len=defining["task"]["seq_len"],
+        data=results.recorded_data(defining["task"]["data"]),
+        config_hash=results.config_hash(defining),
+    )
+
+
+def processes(trainer_cfg: DictConfig) -> int:
+    """How many training processes the trainer config asks for (devices x nodes)."""
+    devices = trainer_cfg.devices
+    if isinstance(devices, str) or (isinstance(devices, int) and devices < 1):
+        raise ValueError(f"trainer.devices must be a device count or a list of devices, got {devices!r}")
+    per_node = devices if isinstance(devices, int) else len(devices)
+    return per_node * trainer_cfg.get("num_nodes", 1)
+
+
+def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path | None, int]:
+    """What a run that trains checks and records first: its attention's hyperparameters, the checkpoint an earlier
+    interrupted run of its configuration left to resume from, and its process count; returns the last two."""
+    record.attention_hparams = dataclasses.asdict(
+        attention_zoo.make_config(cfg.attention.name, **OmegaConf.to_container(cfg.attention.hparams, resolve=True))
+    )
+    previous = results.read(output_dir / results.RESULTS_FILE)
+    last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+    resume_from = None
+    if previous is not None and previous.config_hash == record.config_hash and last_checkpoint.is_file():
+        resume_from = record.resumed_from = str(last_checkpoint)
+        log.info("Resuming the interrupted run from %s", resume_from)
+    world_size = processes(cfg.trainer)
+    if cfg.task.protocol.batch_size % world_size:
+        raise ValueError(
+            f"batch_size={cfg.task.protocol.batch_size} does not divide over {world_size} processes; "
+            "the protocol's batch is the total over all devices"
+        )
+    return (Path(resume_from) if resume_from else None), world_size
+
+
+@contextmanager
+def recorded(record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig) -> Iterator[Callable[[], None]]:
+    """Run a stage with its record kept in ``results.json``; yields the function that writes it.
+
+    Any failure, from a bad setting to an error in training, is recorded (status ``failed``), logged (the
+    message on the console, the traceback in train.log) and raised as :class:`RunFailed`. An interrupt is
+    recorded as such, and a record still ``running`` at the end (a skipped run) is not written.
+    """
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only  # Lightning: only for a run that trains
+
+    results_path = output_dir / results.RESULTS_FILE
+    write = rank_zero_only(lambda: record.write(results_path))  # one process of a distributed run writes it
     start = time.perf_counter()
     try:
-        check_task(cfg.task)
-        adjusted = check_protocol(cfg.task.protocol)
-        if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
-            raise ValueError(
-                f"pretrain.objective must be one of {', '.join(PRETRAINING_OBJECTIVES)}, got {cfg.pretrain.objective!r}"
-            )
-        if stage != PRETRAINING and cfg.pretrain.objective != "none":
-            adjusted.update({f"pretrain.{key}": change for key, change in check_protocol(cfg.pretrain.protocol).items()})
-        defining = defining_config(cfg, stage)
-        record.update(
-            protocol=defining["task"]["protocol"],
-            model=defining["model"],
-            pretrain=defining["pretrain"],
-            seq_len=defining["task"]["seq_len"],
-            data=results.recorded_data(defining["task"]["data"]),
-            config_hash=results.config_hash(defining),
-        )
-        record.adjusted = adjusted or None
-        previous = results.read(results_path)
-        same_config = previous is not None and previous.config_hash == record.config_hash
-        committed = None if same_config or cfg.get("rerun", False) else committed_run(cfg, record.config_hash)
-        if committed is not None:
-            log.info(
-                "Skipping: %s holds a finished run of this configuration (%s), committed; add rerun=true to run it again",
-                committed,
-                record.config_hash,
-            )
-            return RunRecord.read(committed)
-        if same_config and previous.status == "finished":
-            if not cfg.get("rerun", False):
-                log.info(
-                    "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it "
-                    "again (for example with another logger), which moves the earlier run's files to %s",
-                    results_path,
-                    record.config_hash,
-                    output_dir / HISTORY,
-                )
-                return previous
-            log.info("Rerunning: the earlier run's files moved to %s", archive_finished_run(output_dir, previous))
-        last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
-        resume_from = last_checkpoint if same_config and last_checkpoint.is_file() else None
-        attention_config = attention_zoo.make_config(cfg.attention.name, **defining["attention"]["hparams"])
-        record.attention_hparams = dataclasses.asdict(attention_config)
-        if resume_from:
-            record.resumed_from = str(resume_from)
-            log.info("Resuming the interrupted run from %s", resume_from)
-        world_size = processes(cfg.trainer)
-        if cfg.task.protocol.batch_size % world_size:
-            raise ValueError(
-                f"batch_size={cfg.task.protocol.batch_size} does not divide over {world_size} processes; "
-                "the protocol's batch is the total over all devices"
-            )
-        write(record, results_path)
-        protocol = cfg.task.protocol
-        headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
-        pretrained = None
-        if stage != PRETRAINING and cfg.pretrain.objective != "none":
-            pretrained = pretrain_first(cfg, row)
-            record.pretrained = {key: value for key, value in pretrained.items() if key != "checkpoint"}
-            write(record, results_path)
-        # A resumed fine-tuning run continues from its own checkpoint, which holds the pretrained start.
-        init_from = Path(pretrained["checkpoint"]) if pretrained and not resume_from else None
-        record.update(**fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
-        record.status = "finished"
+        yield write
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         file_log.error("%s failed", cell, exc_info=error)
@@ -392,19 +310,97 @@ def train(cfg: DictConfig, output_dir: Path, row: str | None = None, stage: str 
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
-        if record.status != "running":  # "running": skipped, nothing to write
-            write(record, results_path)
-    if rank_zero_only.rank != 0:
-        return record
-    log.info(
-        "%s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
-        cell,
-        record.best_val_acc,
-        record.best_val_step,
-        record.test_acc,
-        results_path,
-    )
+        if record.status != "running":
+            write()
+
+
+def pretraining_stage(cfg: DictConfig, row: str | None) -> tuple[DictConfig, Path]:
+    """The configuration and folder of the pretraining run that ``cfg``'s fine-tuning starts from.
+
+    Its protocol is ``pretrain.protocol``; the folder, under ``<output_dir>/pretrain/<task>/``, is
+    named by a hash of its defining settings (task data, model, attention, seed, pretraining), so
+    fine-tuning runs that share them share one pretraining run. Every callback that writes
+    checkpoints writes them there.
+    """
+    pretrain = OmegaConf.to_container(cfg.pretrain, resolve=True)
+    pretraining = OmegaConf.merge(cfg, {"pretrain": pretrain, "task": {"protocol": pretrain["protocol"]}})
+    digest = results.config_hash(defining_config(pretraining, PRETRAINING))
+    name = f"{(row or cfg.attention.name).split(' ')[0]}-{cfg.pretrain.objective}-seed{cfg.seed}-{digest}"
+    folder = Path(cfg.paths.output_dir).absolute() / "pretrain" / cfg.task.name / name
+    writes_there = {key: {"dirpath": str(folder / "checkpoints")} for key, node in cfg.callbacks.items() if "dirpath" in node}
+    there = {"callbacks": writes_there, "logger": {"save_dir": str(folder)} if "save_dir" in cfg.logger else {}}
+    return OmegaConf.merge(pretraining, there), folder
+
+
+def pretrained_start(cfg: DictConfig, row: str | None) -> tuple[dict[str, Any], Path]:
+    """Run (or resume, or reuse) the pretraining stage of ``cfg``: what the fine-tuning records of it, and the
+    checkpoint it starts from."""
+    pretraining, folder = pretraining_stage(cfg, row)
+    log.info("Pretraining first (%s), in %s", cfg.pretrain.objective, folder)
+    record = run_stage(pretraining, folder, row, PRETRAINING)
+    checkpoint = Path(record.best_checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"the pretraining run's checkpoint {checkpoint} is missing; delete {folder} to pretrain again")
+    summary = {
+        "objective": cfg.pretrain.objective,
+        "steps": record.steps,
+        "checkpoint_sha256": file_sha256(checkpoint),
+        "config_hash": record.config_hash,
+        "val_masked_acc": record.best_val_acc,
+    }
+    return summary, checkpoint
+
+
+def run_stage(cfg: DictConfig, output_dir: Path, row: str | None, stage: str, pretrained: Pretrained | None = None) -> RunRecord:
+    """Run one stage, ``classification`` or ``pretraining``, unless ``output_dir`` holds its finished result; return
+    its record. An earlier interrupted or failed run of the same configuration resumes from its last checkpoint.
+    ``pretrained`` runs the pretraining stage a classification starts from, once it is known to train."""
+    from .fit import fit_and_test  # Lightning, the model and the data: only a run that trains pays for importing them
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    record = new_record(cfg, row, stage)
+    cell = f"{cfg.task.name} / {record.row} / seed {cfg.seed}"
+    cell += f" / pretraining ({cfg.pretrain.objective})" if stage == PRETRAINING else ""
+    with recorded(record, output_dir, cell, cfg) as write:
+        cfg, adjusted = checked(cfg, stage)
+        record.adjusted = adjusted or None
+        record_configuration(record, cfg, stage)
+        if (finished := finished_run(cfg, record, output_dir)) is not None:
+            return finished
+        resume_from, world_size = prepare(cfg, record, output_dir)
+        write()
+        init_from = None
+        if pretrained is not None:
+            record.pretrained, checkpoint = pretrained(cfg)
+            write()
+            init_from = None if resume_from else checkpoint  # a resumed run's own checkpoint holds the pretrained start
+        protocol = cfg.task.protocol
+        headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
+        record.update(**fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
+        record.status = "finished"
+    if record.test_acc is not None:  # rank 0's record; the other processes of a distributed run do not test
+        log.info(
+            "%s: best val acc %.4f at step %d, test acc %.4f. Results: %s",
+            cell,
+            record.best_val_acc,
+            record.best_val_step,
+            record.test_acc,
+            output_dir / results.RESULTS_FILE,
+        )
     return record
+
+
+def train(cfg: DictConfig, output_dir: Path, row: str | None = None) -> RunRecord:
+    """Run one cell unless ``output_dir`` already holds its finished result; return its record.
+
+    A cell is one stage or two: where ``cfg.pretrain`` asks for it, a pretraining stage (``cfg.pretrain``'s
+    objective on the task's inputs, in a folder of its own) whose checkpoint the classification stage starts
+    from; then the classification stage, in ``output_dir``. ``row`` names the table row the run belongs to
+    (the attention preset and any overrides of it).
+    """
+    if cfg.pretrain.objective == "none":
+        return run_stage(cfg, Path(output_dir), row, CLASSIFICATION)
+    return run_stage(cfg, Path(output_dir), row, CLASSIFICATION, pretrained=lambda checked: pretrained_start(checked, row))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name=config.CONFIG_NAME)

@@ -1,13 +1,17 @@
 """The Hydra configuration without running anything: presets, protocol checks (fast, the compose API)."""
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 import attention_zoo
 from lra import config, paper
-from lra.train import check_protocol
+from lra.protocol import Protocol
+from lra.results import CLASSIFICATION
+from lra.train import checked, pretraining_stage
 
 PRESETS = config.attention_rows()
 
@@ -39,23 +43,22 @@ def test_the_readme_override_of_softmax_dropout():
 
 def protocol(**changes):
     cfg = composed("task.protocol.name=test")  # the smoke protocol: 400 steps, warmup 40, evaluation every 50
-    for key, value in changes.items():
-        cfg.task.protocol[key] = value
-    return cfg.task.protocol
+    return {**OmegaConf.to_container(cfg.task.protocol), **changes}
 
 
-def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit():
-    short = protocol(max_steps=20)
-    adjusted = check_protocol(short)
-    assert (short.warmup_steps, short.val_check_interval) == (2, 20)
+def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit_in_a_new_config():
+    cfg = composed("task.protocol.name=test", "task.protocol.max_steps=20", "pretrain=mlm")
+    fitted, adjusted = checked(cfg, CLASSIFICATION)
+    assert (fitted.task.protocol.warmup_steps, fitted.task.protocol.val_check_interval) == (2, 20)
+    assert (cfg.task.protocol.warmup_steps, cfg.task.protocol.val_check_interval) == (40, 50), "the composed config is kept"
     assert {key: (change["from"], change["to"]) for key, change in adjusted.items()} == {
         "warmup_steps": (40, 2),
         "val_check_interval": (50, 20),
     }
-    tiny = protocol(max_steps=10)
-    check_protocol(tiny)
-    assert tiny.warmup_steps == 0, "a warmup of one step is not a schedule OneCycleLR can run"
-    assert check_protocol(protocol()) == {}, "a protocol that fits is left alone"
+    # The pretraining protocol defaults to the task's, so it has the fitted values and nothing of its own to fit.
+    assert (fitted.pretrain.protocol.warmup_steps, fitted.pretrain.protocol.val_check_interval) == (2, 20)
+    assert Protocol.checked(protocol(max_steps=10)).fitted()["warmup_steps"]["to"] == 0, "OneCycleLR cannot warm up one step"
+    assert Protocol.checked(protocol()).fitted() == {}, "a protocol that fits is left alone"
 
 
 @pytest.mark.parametrize(
@@ -64,19 +67,31 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit():
         (dict(max_steps="ten"), TypeError, "task.protocol.max_steps must be int, got 'ten'"),
         (dict(lr=True), TypeError, "task.protocol.lr must be float"),
         (dict(batch_size=0), ValueError, "task.protocol.batch_size must be at least 1"),
-        (dict(warmup_steps=1), ValueError, "0 or at least 2"),
+        (dict(warmup_steps=1), ValueError, "warmup_steps = 0 or 2 <= warmup_steps < max_steps"),
         (dict(lr=-1.0), ValueError, "lr > 0"),
+        (dict(max_step=20), ValueError, "unknown task.protocol field(s) ['max_step']"),
     ],
 )
 def test_a_bad_protocol_names_the_field(changes, error, message):
-    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_protocol(protocol(**changes))
+    with pytest.raises(error, match=re.escape(message)):
+        Protocol.checked(protocol(**changes))
 
 
-def test_an_unknown_protocol_field_is_an_error_not_ignored():
+def test_an_unknown_protocol_field_in_the_config_is_an_error_not_ignored():
     cfg = composed("+task.protocol.max_step=20")
     with pytest.raises(ValueError, match=r"unknown task.protocol field\(s\) \['max_step'\]"):
-        check_protocol(cfg.task.protocol)
+        checked(cfg, CLASSIFICATION)
+
+
+def test_the_pretraining_stage_writes_every_checkpoint_in_its_own_folder():
+    """Its last.ckpt on an interrupt too: in the fine-tuning run's folder, the fine-tuning run would resume from it."""
+    cfg = composed("pretrain=mlm", "paths.output_dir=/runs")
+    pretraining, folder = pretraining_stage(cfg, "softmax")
+    assert folder.parent == Path("/runs/pretrain/listops")
+    dirpaths = {name: node.dirpath for name, node in pretraining.callbacks.items() if "dirpath" in node}
+    assert dirpaths == {"checkpoint": str(folder / "checkpoints"), "on_interrupt": str(folder / "checkpoints")}
+    assert pretraining.task.protocol == cfg.pretrain.protocol
+    assert OmegaConf.to_container(cfg.callbacks) != OmegaConf.to_container(pretraining.callbacks), "cfg is kept as composed"
 
 
 def test_the_table3_sweeps_run_the_papers_rows_in_its_order():
