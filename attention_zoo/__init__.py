@@ -28,6 +28,7 @@ from .registry import (
     register,
     register_preset,
     unregister,
+    with_current_names,
 )
 
 _INFRASTRUCTURE = {"registry", "multihead", "rotary"}
@@ -50,4 +51,5 @@ __all__ = [
     "register",
     "register_preset",
     "unregister",
+    "with_current_names",
 ]

@@ -50,7 +50,7 @@ What the LRA code does, and what is chosen here:
 - Dropout 0.1 on the attention probabilities (training only) is the LRA ``attention_dropout_rate``;
   the LRA code draws it per element (``broadcast_dropout=False``), as SDPA does.
 - Precision. The LRA code computes in its model dtype (float32 in the LRA runs); here, as for
-  ``softmax`` and its SDPA call, the input dtype is kept (``attention_in_fp32`` forces float32).
+  ``softmax`` and its SDPA call, the input dtype is kept (``attention_in_float32`` forces float32).
 """
 
 from __future__ import annotations

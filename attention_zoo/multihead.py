@@ -21,7 +21,7 @@ class MultiHeadAttention(nn.Module):
             ``attention_zoo.presets()``).
         seq_len: the longest sequence the module will see (some attentions size parameters by it).
         head_dim: width of one head; ``dim // num_heads`` when omitted.
-        attention_in_fp32: run every core attention in float32, also under autocast, as the YOSO and
+        attention_in_float32: run every core attention in float32, also under autocast, as the YOSO and
             Nystromformer LRA code does (the projections still run in the autocast dtype); when
             False, only attentions whose arithmetic needs it do (``Attention.in_float32``).
         rotary: rotate queries and keys by their positions (:mod:`attention_zoo.rotary`) before the core
@@ -37,7 +37,7 @@ class MultiHeadAttention(nn.Module):
         *,
         seq_len: int,
         head_dim: int | None = None,
-        attention_in_fp32: bool = True,
+        attention_in_float32: bool = True,
         rotary: bool = False,
         **hparams: Any,
     ) -> None:
@@ -52,7 +52,7 @@ class MultiHeadAttention(nn.Module):
         if rotary:
             rotary_angles(1, head_dim)  # an odd head_dim fails here, at construction
         self.attention = build(attention, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, **hparams)
-        self.attention.in_float32 = self.attention.in_float32 or attention_in_fp32
+        self.attention.in_float32 = self.attention.in_float32 or attention_in_float32
         inner = num_heads * head_dim
         self.query = nn.Linear(dim, inner)
         # Reformer-style attentions share one projection for queries and keys.

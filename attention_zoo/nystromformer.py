@@ -18,7 +18,7 @@ The n x n matrix S = softmax(Q K^T / sqrt(d)) is never formed. With m landmarks:
 5. Output F (A^+ (B V)), multiplied right to left so the largest tensor is n x m: memory and time
    are linear in n.
 6. Residual convolution. A depthwise convolution of the masked V along the sequence (one kernel of
-   `conv_kernel_size` taps per head, shared by the head's channels, zero padded, no bias) is added,
+   `conv_window` taps per head, shared by the head's channels, zero padded, no bias) is added,
    as in the authors' code.
 7. Padded query rows are set to zero.
 
@@ -42,7 +42,7 @@ Choices where the authors' code is silent or differs, and why:
   LRA tables, take the maxima over the whole batch and all heads (`pinv_init="batch_max"`), which
   makes an example's output depend on the rest of its batch; the Table 3 preset uses it.
 - Convolution size. The issue and the YOSO paper's Table 3 use 33 taps; the authors' LRA config
-  used 35 (`conv_kernel_size: 35`). An even size is rejected: it cannot be centred on the token.
+  used 35 (its `conv_kernel_size: 35`). An even size is rejected: it cannot be centred on the token.
 - Precision. The math runs in float32 with autocast off (the pseudo-inverse iteration multiplies
   rounding errors; the NF/YOSO LRA code also runs its attentions in float32), the convolution
   included; the output has the input dtype.
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -66,14 +66,15 @@ class NystromformerConfig:
     pinv_iterations: int = 6  # iterations of the Moore-Penrose pseudo-inverse approximation
     # norms in the pinv start Z_0: of each (batch, head) matrix (the paper) or maxima over the batch (LRA code)
     pinv_init: Literal["per_matrix", "batch_max"] = "per_matrix"
-    conv_kernel_size: int | None = 33  # taps of the depthwise residual convolution on V (odd); None: no convolution
+    conv_window: int | None = 33  # taps of the depthwise residual convolution on V (odd); None: no convolution
+    RENAMED: ClassVar[dict[str, str]] = {"conv_kernel_size": "conv_window"}  # YOSO-C's name for the same convolution
 
     def __post_init__(self) -> None:
         if self.num_landmarks < 1:
             raise ValueError(f"num_landmarks must be at least 1, got {self.num_landmarks}")
         if self.pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be at least 1, got {self.pinv_iterations}")
-        SequenceConv.check_width(self.conv_kernel_size, "conv_kernel_size")
+        SequenceConv.check_width(self.conv_window, "conv_window")
 
 
 def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -129,7 +130,7 @@ class NystromformerAttention(Attention):
 
     def __init__(self, *, seq_len: int, num_heads: int, head_dim: int, config: NystromformerConfig) -> None:
         super().__init__(seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, config=config)
-        size = config.conv_kernel_size
+        size = config.conv_window
         self.conv = None if size is None else SequenceConv(num_heads, size)
 
     def attend(self, q, k, v, mask):
@@ -161,5 +162,5 @@ register_preset(
     num_landmarks=64,
     pinv_iterations=6,
     pinv_init="batch_max",
-    conv_kernel_size=33,
+    conv_window=33,
 )

@@ -68,7 +68,7 @@ class Attention(nn.Module):
       scores, an iterated pseudo-inverse, hashing by angle): it then runs in float32 whatever the
       input dtype and any autocast, and its output is cast back to the input dtype. The class's
       choice is the instance's default; :class:`MultiHeadAttention` sets it on the instance for every
-      attention when asked to (``attention_in_fp32``, as the YOSO and Nystromformer LRA code runs
+      attention when asked to (``attention_in_float32``, as the YOSO and Nystromformer LRA code runs
       attention);
     * ``tie_query_key = True`` when the algorithm needs the query and key projections shared
       (Reformer); :class:`MultiHeadAttention` reads it;
@@ -228,6 +228,7 @@ def make_config(name: str, **hparams: Any) -> Any:
         invalid=lambda key, kind, value: (
             f"hyperparameter {key!r} of attention {name!r} must be {kind}, got {value!r} ({type(value).__name__}). {valid()}"
         ),
+        renamed=lambda old, new: f"hyperparameter {old!r} of attention {name!r} is now called {new!r}; use {new}",
     )
     return config_cls(**{**preset_values, **values})
 
@@ -238,13 +239,18 @@ def check_fields(
     *,
     unknown: Callable[[list[str]], str],
     invalid: Callable[[str, str, Any], str],
+    renamed: Callable[[str, str], str] = lambda old, new: f"{old!r} is now called {new!r}",
 ) -> dict[str, Any]:
     """``values`` checked against the fields and types of the dataclass ``config_cls``: the one rule for every
     configuration the project reads (an attention's hyperparameters here, ``lra``'s model and protocol).
 
-    Keys the class lacks are a ValueError with the message ``unknown(sorted keys)``; a value of the wrong type is a
-    TypeError with ``invalid(key, type name, value)``. An int where a float is due becomes a float; a bool is
-    never an int. Ranges are the class's own ``__post_init__``."""
+    A key the class has renamed (its ``RENAMED`` map, old name to new) is a ValueError with ``renamed(old, new)``;
+    other keys the class lacks are a ValueError with the message ``unknown(sorted keys)``; a value of the wrong
+    type is a TypeError with ``invalid(key, type name, value)``. An int where a float is due becomes a float; a
+    bool is never an int. Ranges are the class's own ``__post_init__``."""
+    old_names = getattr(config_cls, "RENAMED", {})
+    if old := sorted(set(values) & set(old_names)):
+        raise ValueError("; ".join(renamed(key, old_names[key]) for key in old))
     hints = typing.get_type_hints(config_cls)
     extra = sorted(set(values) - {f.name for f in dataclasses.fields(config_cls)})
     if extra:
@@ -256,6 +262,15 @@ def check_fields(
         except TypeError:
             raise TypeError(invalid(key, _type_name(hints[key]), value)) from None
     return checked
+
+
+def with_current_names(config_cls: type, values: Mapping[str, Any], *, old: bool = False) -> dict[str, Any]:
+    """``values`` of a stored configuration of ``config_cls`` (a run record's, a checkpoint's) with the keys the class
+    has renamed (its ``RENAMED`` map) under their current names; ``old=True``: under their old names, as a
+    configuration's hash was computed before the rename."""
+    renamed = getattr(config_cls, "RENAMED", {})
+    names = {new: name for name, new in renamed.items()} if old else renamed
+    return {names.get(key, key): value for key, value in values.items()}
 
 
 def build(name: str, *, seq_len: int, num_heads: int, head_dim: int, **hparams: Any) -> Attention:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -41,8 +41,9 @@ class ModelConfig:
     ffn_dim: int = 128
     dropout: float = 0.1
     head_hidden_dim: int = 128
-    attention_in_fp32: bool = True  # every attention in float32 under mixed precision, as the original code
+    attention_in_float32: bool = True  # every attention in float32 under mixed precision, as the original code
     positions: str = "learned"  # learned absolute embeddings (the paper's), or rotary on queries and keys
+    RENAMED: ClassVar[dict[str, str]] = {"attention_in_fp32": "attention_in_float32"}  # one name for the float32 policy
 
     def __post_init__(self) -> None:
         if self.positions not in POSITIONS:
@@ -58,6 +59,7 @@ class ModelConfig:
                 values,
                 unknown=lambda keys: f"unknown model setting(s) {keys}; the model has {fields}",
                 invalid=lambda key, kind, value: f"model.{key} must be {kind}, got {value!r}",
+                renamed=lambda old, new: f"model.{old} is now called model.{new}; use model.{new}",
             )
         )
 
@@ -81,7 +83,7 @@ class EncoderBlock(nn.Module):
             attention.name,
             seq_len=seq_len,
             head_dim=model.head_dim,
-            attention_in_fp32=model.attention_in_fp32,
+            attention_in_float32=model.attention_in_float32,
             rotary=model.positions == "rotary",
             **attention.hparams,
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+import attention_zoo
+
 RESULTS_FILE = "results.json"
 CLASSIFICATION, PRETRAINING = "classification", "pretraining"  # a run's stage (RunRecord.stage: a pretraining run's)
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,13 +35,33 @@ def with_added_settings(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def with_current_names(
+    model: dict[str, Any] | None, attention: str | None, hparams: dict[str, Any] | None, old: bool = False
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A stored model section and attention hyperparameters with every renamed setting (the ``RENAMED`` map of
+    :class:`lra.model.ModelConfig` and of the attention's config) under its current name; ``old=True``: under its
+    old name. Records and checkpoints written before a rename hold the old names."""
+    from .model import ModelConfig  # the model, only where a stored configuration is read
+
+    if model is not None:
+        model = attention_zoo.with_current_names(ModelConfig, model, old=old)
+    if hparams is not None and attention in attention_zoo.available() + list(attention_zoo.presets()):
+        hparams = attention_zoo.with_current_names(attention_zoo.get_class(attention).Config, hparams, old=old)
+    return model, hparams
+
+
 def config_hash(config: dict[str, Any]) -> str:
     """A short, stable hash of the settings that define a run's result.
 
     Settings of :data:`ADDED_SETTINGS` at their old values are left out (and a part they leave
-    empty), so that a run of today's default configuration keeps the hash of its earlier runs.
+    empty), and renamed settings hashed under their old names, so that a run of today's default
+    configuration keeps the hash of its earlier runs.
     """
     config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
+    if "model" in config and "attention" in config:
+        attention = config["attention"]
+        config["model"], hparams = with_current_names(config["model"], attention["name"], attention["hparams"], old=True)
+        config["attention"] = {**attention, "hparams": hparams}
     for (part, key), value in ADDED_SETTINGS.items():
         if isinstance(config.get(part), dict) and config[part].get(key) == value:
             del config[part][key]
@@ -244,8 +266,11 @@ class RunRecord:
         os.replace(staging, path)
 
     def configuration(self) -> dict[str, Any]:
-        """The configuration keys the record has, with every added setting it lacks at its old value (:data:`ADDED_SETTINGS`)."""
-        return with_added_settings({key: getattr(self, key) for key in CONFIGURATION_KEYS if getattr(self, key) is not None})
+        """The configuration keys the record has, with every added setting it lacks at its old value (:data:`ADDED_SETTINGS`)
+        and every renamed one under its current name (:func:`with_current_names`: the record keeps what was written)."""
+        model, hparams = with_current_names(self.model, self.attention, self.attention_hparams)
+        current = {**vars(self), "model": model, "attention_hparams": hparams}
+        return with_added_settings({key: current[key] for key in CONFIGURATION_KEYS if current[key] is not None})
 
 
 RECORD_KEYS = tuple(f.name for f in fields(RunRecord) if f.name not in ("record_version", "nulls"))

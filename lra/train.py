@@ -154,6 +154,21 @@ def unknown_hparam_overrides(overrides: list[str]) -> str | None:
     return None
 
 
+def renamed_model_overrides(overrides: list[str]) -> str | None:
+    """The error for an override of a renamed ``model`` setting, which names the new name (Hydra would say only
+    that the old key is not in struct)."""
+    from .model import ModelConfig  # no Lightning: the model's config only
+
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~").removeprefix("model.")
+        if override.startswith(("model.", "+model.", "~model.")) and key in ModelConfig.RENAMED:
+            try:
+                ModelConfig.from_dict({key: None})
+            except ValueError as error:
+                return str(error)
+    return None
+
+
 def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
     """A finished run of this configuration among the committed records (``paths.runs_dir``, which
     ``lra.table --collect`` fills), so that a sweep resumed in a fresh checkout, whose outputs/ is
@@ -422,7 +437,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    if problem := unknown_hparam_overrides(sys.argv[1:]):
+    if problem := unknown_hparam_overrides(sys.argv[1:]) or renamed_model_overrides(sys.argv[1:]):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     main()

@@ -13,7 +13,7 @@ The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.
 :class:`~lra.module.LRAClassificationModule` built with the settings ``lra.fit`` gives it, its
 ``configure_optimizers()`` (AdamW, OneCycleLR), and per step ``zero_grad``, ``loss_and_predictions`` with the
 training accuracy's update (under bf16 autocast with ``--precision bf16-mixed``, as Lightning's; the attention stays
-in float32 where ``model.attention_in_fp32`` says so), ``backward``, ``optimizer.step`` and ``scheduler.step``. What
+in float32 where ``model.attention_in_float32`` says so), ``backward``, ``optimizer.step`` and ``scheduler.step``. What
 the Trainer adds around it (logging, the progress bar) is not part of it. ``--compile`` compiles the model first with
 :func:`lra.module.compile_model`, as ``trainer.compile=true`` does; the compilation (the call and the first step,
 where ``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
@@ -417,7 +417,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "compile_s": "",
             "status": "ok",
             "error": "",
-            "precision": "bf16 autocast (attention in float32)" if bf16 and cfg.model.attention_in_fp32 else args.precision,
+            "precision": "bf16 autocast (attention in float32)" if bf16 and cfg.model.attention_in_float32 else args.precision,
             **common,
         }
         run_cell(row, cfg, entry, args)

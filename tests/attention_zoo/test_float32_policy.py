@@ -1,6 +1,6 @@
 """The float32 policy of ``Attention.forward``, for every registered attention and preset, checked on results.
 
-Where the policy says float32 (the class needs it, or ``MultiHeadAttention(attention_in_fp32=True)`` asks
+Where the policy says float32 (the class needs it, or ``MultiHeadAttention(attention_in_float32=True)`` asks
 for it), an attention's output under bfloat16 autocast, or with its weights cast to bfloat16, is the
 float32 computation's output, cast to the input dtype. Nothing here depends on how an attention
 computes (products, convolutions, kernels or none at all), so a new attention is held to the same rule.
@@ -18,9 +18,9 @@ HEADS, HEAD_DIM, SEQ_LEN = 2, 16, 40
 
 
 def core(name, in_float32):
-    """The attention as MultiHeadAttention holds it, ``in_float32`` as ``attention_in_fp32`` would set it."""
+    """The attention as MultiHeadAttention holds it, ``in_float32`` as ``attention_in_float32`` would set it."""
     torch.manual_seed(0)
-    mha = attention_zoo.MultiHeadAttention(HEADS * HEAD_DIM, HEADS, name, seq_len=SEQ_LEN, attention_in_fp32=in_float32)
+    mha = attention_zoo.MultiHeadAttention(HEADS * HEAD_DIM, HEADS, name, seq_len=SEQ_LEN, attention_in_float32=in_float32)
     return mha.attention.eval()  # with dropout, SDPA's CPU fallback upcasts bfloat16 itself
 
 
@@ -39,10 +39,10 @@ def run(attention, q, k, v, mask, autocast=False):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("attention_in_fp32", [True, False], ids=["policy-on", "policy-off"])
-def test_under_bf16_autocast_the_policy_gives_the_float32_result(name, attention_in_fp32):
-    attention = core(name, attention_in_fp32)
-    assert attention.in_float32 == (attention_in_fp32 or type(attention).in_float32)
+@pytest.mark.parametrize("attention_in_float32", [True, False], ids=["policy-on", "policy-off"])
+def test_under_bf16_autocast_the_policy_gives_the_float32_result(name, attention_in_float32):
+    attention = core(name, attention_in_float32)
+    assert attention.in_float32 == (attention_in_float32 or type(attention).in_float32)
     q, k, v, mask = inputs(torch.float32)
     out = run(attention, q, k, v, mask, autocast=True)
     assert torch.isfinite(out).all() and (out[1, :, SEQ_LEN // 2 :] == 0).all()

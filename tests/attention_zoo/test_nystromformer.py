@@ -87,14 +87,15 @@ def test_config_validation():
     for bad, match in (
         ({"num_landmarks": 0}, "num_landmarks"),
         ({"pinv_iterations": 0}, "pinv_iterations"),
-        ({"conv_kernel_size": 32}, "conv_kernel_size must be a positive odd"),
-        ({"conv_kernel_size": -1}, "conv_kernel_size must be a positive odd"),
+        ({"conv_window": 32}, "conv_window must be a positive odd"),
+        ({"conv_window": -1}, "conv_window must be a positive odd"),
+        ({"conv_kernel_size": 33}, "'conv_kernel_size' of attention 'nystromformer' is now called 'conv_window'"),
     ):
         with pytest.raises(ValueError, match=match):
             build(16, **bad)
     with pytest.raises(TypeError, match="pinv_init"):
         build(16, pinv_init="global")
-    assert list(build(16, conv_kernel_size=None).parameters()) == []
+    assert list(build(16, conv_window=None).parameters()) == []
     assert build(16).conv.weight.shape == (2, 1, 33, 1), "one 33-tap kernel per head by default"
 
 
@@ -148,9 +149,9 @@ def test_as_many_landmarks_as_tokens_is_exact_softmax(n):
     mask = varied_mask(4, n)
     expected = softmax_reference(q, k, v, mask)
     for landmarks in (n, n + 5):  # more landmarks than tokens are clamped to n
-        attn = build(n, num_landmarks=landmarks, conv_kernel_size=None)
+        attn = build(n, num_landmarks=landmarks, conv_window=None)
         torch.testing.assert_close(attn(q, k, v, mask).double(), expected, rtol=1e-5, atol=1e-6)
-    attn = build(n, num_landmarks=n, conv_kernel_size=3)
+    attn = build(n, num_landmarks=n, conv_window=3)
     with_conv = softmax_reference(q, k, v, None) + conv_reference(v.double(), attn.conv.weight.detach())
     torch.testing.assert_close(attn(q, k, v).double(), with_conv, rtol=1e-5, atol=1e-6)
 
@@ -163,7 +164,7 @@ def test_exact_on_tokens_constant_within_each_segment(n, m):
     base = random_qkv(2, 2, m, 8, seed=1, scale=1.5)[0]  # keys = queries keep A well conditioned for 6 iterations
     q = k = base.repeat_interleave(torch.tensor(sizes), dim=2)  # (2, 2, n, 8)
     v = torch.randn(2, 2, n, 8)
-    attn = build(n, num_landmarks=m, conv_kernel_size=None)
+    attn = build(n, num_landmarks=m, conv_window=None)
     torch.testing.assert_close(attn(q, k, v).double(), softmax_reference(q, k, v, None), rtol=1e-4, atol=1e-5)
     # Padding a whole segment gives a zero landmark, which F and A share: still exact on the real tokens.
     mask = torch.ones(2, n, dtype=torch.bool)
@@ -180,7 +181,7 @@ def test_equals_the_written_out_algorithm(n, m, init, value_dim):
     v = torch.randn(4, 2, n, value_dim, generator=torch.Generator().manual_seed(3))
     mask = varied_mask(4, n)
     torch.manual_seed(0)
-    attn = build(n, num_landmarks=m, conv_kernel_size=5, pinv_init=init)
+    attn = build(n, num_landmarks=m, conv_window=5, pinv_init=init)
     expected = nystrom_reference(q, k, v, mask, m, attn.conv.weight.detach(), init=init)
     out = attn(q, k, v, mask)
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
@@ -191,7 +192,7 @@ def test_batch_max_couples_the_batch_and_per_matrix_does_not():
     q, k, v = random_qkv(2, 2, 30, 8, seed=3)
     q[1] *= 10  # a sharper second example raises the batch-wide max column sum of A
     for init, coupled in (("per_matrix", False), ("batch_max", True)):
-        attn = build(30, num_landmarks=6, conv_kernel_size=None, pinv_init=init)
+        attn = build(30, num_landmarks=6, conv_window=None, pinv_init=init)
         alone, together = attn(q[:1], k[:1], v[:1]), attn(q, k, v)[:1]
         assert torch.allclose(alone, together, rtol=1e-5, atol=1e-6) != coupled, init
 

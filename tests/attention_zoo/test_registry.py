@@ -143,7 +143,7 @@ def test_multihead_attention_runs_the_core_in_float32_under_autocast(mean_attent
     register(mean_attention)(Recording)
     x = torch.randn(2, 5, 8)
     for in_fp32, expected in ((True, torch.float32), (False, torch.bfloat16)):
-        mha = attention_zoo.MultiHeadAttention(8, 2, mean_attention, seq_len=5, attention_in_fp32=in_fp32)
+        mha = attention_zoo.MultiHeadAttention(8, 2, mean_attention, seq_len=5, attention_in_float32=in_fp32)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = mha(x)
         assert seen[-1] == expected

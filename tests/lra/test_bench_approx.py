@@ -15,7 +15,7 @@ from lra.data.tasks import prepare_task
 from lra.module import LRAClassificationModule
 
 SEQ_LEN = 32  # the tiny model's length: its YOSO tau is ceil(log2 32) = 5
-MODEL = dict(dim=16, depth=2, num_heads=2, head_dim=8, ffn_dim=32, dropout=0.1, head_hidden_dim=16, attention_in_fp32=True)
+MODEL = dict(dim=16, depth=2, num_heads=2, head_dim=8, ffn_dim=32, dropout=0.1, head_hidden_dim=16, attention_in_float32=True)
 HPARAMS = dict(
     num_hashes=8, hash_bits=None, backward="lower_bound", conv_window=None, expectation=True, hash_projection="hadamard"
 )

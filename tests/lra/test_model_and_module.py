@@ -147,12 +147,17 @@ def test_an_unknown_model_setting_is_named():
         ModelConfig.from_dict({"widht": 3})
 
 
+def test_a_renamed_model_setting_names_its_new_name():
+    with pytest.raises(ValueError, match=r"^model.attention_in_fp32 is now called model.attention_in_float32"):
+        ModelConfig.from_dict({"attention_in_fp32": False})
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"dim": "64"}, "model.dim must be int, got '64'"),
         ({"depth": True}, "model.depth must be int, got True"),
-        ({"attention_in_fp32": 1}, "model.attention_in_fp32 must be bool, got 1"),
+        ({"attention_in_float32": 1}, "model.attention_in_float32 must be bool, got 1"),
     ],
 )
 def test_a_model_setting_of_the_wrong_type_is_named(values, message):

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -6,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from lra import results
-from lra.results import RunRecord
+import attention_zoo
+from lra import config, results
+from lra.results import CLASSIFICATION, RunRecord
+from lra.train import checked, defining_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,6 +50,26 @@ def test_the_peak_memory_of_a_process_that_has_not_used_cuda_yet_can_be_reset():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.split()[-1]) >= 4.0  # the 4 MiB tensor
+
+
+def test_a_renamed_setting_keeps_the_hash_and_the_cell_of_the_runs_recorded_before_it():
+    """Records committed before ``model.attention_in_fp32`` became ``attention_in_float32`` and Nystromformer's
+    ``conv_kernel_size`` became ``conv_window`` keep what they wrote; today's configuration has their hash (a sweep
+    skips them) and the same configuration (a table pools today's runs with them)."""
+    path = next((REPO / "results" / "runs").glob("listops__nystromformer__table3_cpu__seed0__*.json"))
+    record = RunRecord.read(path)
+    assert "attention_in_fp32" in record.model and "conv_kernel_size" in record.attention_hparams, "as written"
+    composed = config.compose(["experiment=table3_cpu", "task=listops", "attention=nystromformer", "seed=0"])
+    cfg, _ = checked(composed, CLASSIFICATION)
+    assert results.config_hash(defining_config(cfg)) == record.config_hash
+    today = RunRecord(
+        attention=cfg.attention.name,
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention_hparams=dataclasses.asdict(attention_zoo.make_config(cfg.attention.name, **cfg.attention.hparams)),
+    )
+    assert "attention_in_float32" in today.model and "conv_window" in today.attention_hparams
+    for key in ("model", "attention_hparams"):
+        assert record.configuration()[key] == today.configuration()[key]
 
 
 def test_every_committed_record_loads_and_is_written_back_as_it_is():

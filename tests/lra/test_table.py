@@ -27,7 +27,7 @@ SMOKE = dict(
     lr=1e-3,
     weight_decay=0.0,
 )
-MODEL = dict(dim=64, depth=2, num_heads=2, head_dim=32, ffn_dim=128, dropout=0.1, head_hidden_dim=128, attention_in_fp32=True)
+MODEL = dict(dim=64, depth=2, num_heads=2, head_dim=32, ffn_dim=128, dropout=0.1, head_hidden_dim=128, attention_in_float32=True)
 
 
 def record(

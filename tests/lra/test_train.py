@@ -205,6 +205,24 @@ def test_an_unknown_hyperparameter_without_plus_lists_the_valid_ones(tmp_path, r
     assert not (tmp_path / "outputs").exists()  # refused before any run starts
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.attention_in_fp32=false", "model.attention_in_fp32 is now called model.attention_in_float32"),
+        (
+            "attention.hparams.conv_kernel_size=35",
+            "hyperparameter 'conv_kernel_size' of attention 'nystromformer' is now called 'conv_window'",
+        ),
+    ],
+    ids=["model", "attention"],
+)
+def test_a_renamed_setting_names_its_new_name(tmp_path, run_train, override, message):
+    process = run_train("attention=nystromformer", override, check=False)
+    assert process.returncode == 2
+    assert process.stderr.startswith(f"error: {'attention=nystromformer: ' if 'hparams' in override else ''}{message}")
+    assert "Traceback" not in process.stderr and not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.slow
 def test_the_full_traceback_on_request(tmp_path, run_train):
     process = run_train("attention.hparams.dropout=2.0", check=False, env={"HYDRA_FULL_ERROR": "1"})
