@@ -27,6 +27,13 @@ Algorithm, for one (batch, head), with r = window / 2 and g global tokens (the f
    replace their sliding-window rows in the output.
 6. Crop the padding and zero the padded query rows.
 
+A sequence so short that a dense (n, n) score matrix is no bigger than the blocks' scores of steps 2-4
+(n^2 <= padded n * (g + 3B), about n <= 1.5 * window: ListOps at 512 with the 512 window) gets steps 2-5
+as one masked softmax over the same allowed pairs (band, global rows and columns, real keys), which
+skips the padding, the gathering of windows and the separate global blocks: the same attention at about
+half the cost on the CPU (n = 512, batch 32, 2 heads, forward and backward on one thread: 0.86 s against 1.74 s,
+measured in one run).
+
 The softmax and everything around it run in float32 (as HF's ``softmax(..., dtype=float32)``), and
 the output is cast back to the input dtype. Masking fills scores with the float32 minimum rather
 than -inf, so a fully padded sequence gets a finite (uniform) softmax whose rows are then zeroed: no
@@ -101,6 +108,8 @@ class LongformerAttention(Attention):
         block = max(radius, 1)
         num_blocks = -(-n // block)
         pad = num_blocks * block - n
+        if n * n <= num_blocks * block * (num_global + 3 * block):
+            return dense_band(q, k, v, real, num_global, radius, dropout)
 
         # Step 2: query blocks and, for each, its three neighbouring key/value blocks (unfold is a view).
         q_blocks = F.pad(q, (0, 0, 0, pad)).view(batch, heads, num_blocks, block, head_dim)  # (b, h, c, B, d)
@@ -137,6 +146,21 @@ class LongformerAttention(Attention):
             out = torch.cat([row_probs @ v, out[:, :, num_global:]], dim=2)  # (b, h, n, dv)
 
         return out  # step 6, zeroing the padded query rows, is Attention.forward's (the crop happened above)
+
+
+def dense_band(q, k, v, real, num_global: int, radius: int, dropout: float) -> torch.Tensor:
+    """Steps 2-5 as one (n, n) masked softmax per head, for sequences too short for the blocks to save anything.
+
+    ``q`` is already scaled; ``real`` (b, n) marks the real tokens. A query attends to the keys within
+    ``radius`` of it and to the global keys, a global query to every key, and nobody to a padded key."""
+    n = q.shape[-2]
+    position = torch.arange(n, device=q.device)
+    allowed = (position[:, None] - position[None, :]).abs() <= radius  # (n, n): the band
+    allowed[:num_global] = True  # global queries see every key
+    allowed[:, :num_global] = True  # every query sees the global keys
+    allowed = allowed & real[:, None, None, :]  # (b, 1, n, n)
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~allowed, _MASKED)  # (b, h, n, n)
+    return F.dropout(scores.softmax(dim=-1), dropout) @ v  # (b, h, n, dv)
 
 
 register_preset(

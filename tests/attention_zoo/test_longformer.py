@@ -15,7 +15,10 @@ from zoo_inputs import (
     softmax_reference,
 )
 
+from attention_zoo import longformer
+
 build = builder("longformer")
+longformer_dense_band = longformer.dense_band
 
 
 def allowed_pairs(n, window, num_global):
@@ -54,10 +57,11 @@ def test_value_dim_may_differ_from_the_query_dim(num_global):
     torch.testing.assert_close(attn(q, k, v, mask).double(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("n", [5, 16, 23, 37])  # blocks of window / 2 = 4: multiples and not
+@pytest.mark.parametrize("n", [5, 12, 16, 23, 37])  # blocks of window / 2 = 4: multiples and not
 @pytest.mark.parametrize("num_global", [0, 1, 6])
 @pytest.mark.parametrize("window", [2, 8])
 def test_equals_dense_banded_reference(n, num_global, window):
+    """Through both ways of computing it: one (n, n) score matrix for n <= 12 at window 8, blocks otherwise."""
     attn = build(n, window=window, num_global_tokens=num_global)
     q, k, v = random_qkv(4, n)
     mask = ragged_mask(n)
@@ -65,6 +69,20 @@ def test_equals_dense_banded_reference(n, num_global, window):
     for m in (mask, None):
         expected = softmax_reference(q, k, v, m, allowed)
         torch.testing.assert_close(attn(q, k, v, m).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "n, window, num_global, dense",
+    [(12, 8, 0, True), (16, 8, 0, False), (12, 2, 6, False), (512, 512, 1, True), (1100, 512, 1, False)],
+)
+def test_a_short_sequence_is_one_score_matrix_and_a_long_one_blocks(monkeypatch, n, window, num_global, dense):
+    """The (n, n) scores only where they are no more than the blocks' (n^2 <= padded n * (g + 1.5 window)), so memory
+    stays linear in n beyond; ListOps at 512 with the LRA window of 512 takes the dense way."""
+    calls = []
+    monkeypatch.setattr(longformer, "dense_band", lambda *args: calls.append(n) or longformer_dense_band(*args))
+    q, k, v = random_qkv(1, n)
+    build(n, window=window, num_global_tokens=num_global)(q, k, v, ragged_mask(n)[:1])
+    assert calls == ([n] if dense else [])
 
 
 @pytest.mark.parametrize("num_global", [0, 1])
