@@ -35,7 +35,8 @@ class PaperTable:
         return tuple(row.preset for row in self.rows)
 
     def number(self, preset: str, task: str) -> float:
-        """The paper's test accuracy (%) of a row and task, NaN where it has none."""
+        """The paper's test accuracy (%) of a row and task: for one of its rows as the preset defines it (``yoso_32``),
+        not for a changed or split one (``yoso_32 attention.num_hashes=16``); NaN where it has none."""
         row = next((row for row in self.rows if row.preset == preset), None)
         return row.accuracy.get(task, float("nan")) if row else float("nan")
 

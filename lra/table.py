@@ -40,7 +40,7 @@ Rules (each in one place below):
   sqrt(p (1 - p) / n). The best mean of a task is bold only when it beats the next row by more than
   twice the standard error of their difference.
 * The paper's number stands beside every cell whose row is one of the paper's rows as its preset
-  defines it (:func:`paper_number`); it is the paper's full protocol (``conf/task/<task>.yaml`` and
+  defines it (:meth:`lra.paper.PaperTable.number`); it is the paper's full protocol (``conf/task/<task>.yaml`` and
   ``conf/model/lra.yaml``, as ``experiment=paper`` composes them), marked so in every section that
   is not, and the difference (ours - paper) is computed only in sections that are.
 * Agreement with the paper (:func:`agreement`) counts only the rows that have the paper's number:
@@ -202,12 +202,6 @@ def is_paper_row(row: str, published: PaperTable) -> bool:
     return row.split(" ")[0] in published.presets
 
 
-def paper_number(row: str, task: str, published: PaperTable) -> float:
-    """The paper's number for a row label and task: for one of its rows as the preset defines it
-    (``yoso_32``), not for a changed or split one (``yoso_32 attention.num_hashes=16``); NaN otherwise."""
-    return published.number(row, task)
-
-
 def row_order(label: str, published: PaperTable) -> tuple[int, str]:
     """Rows in the paper's order, a changed or split row after its preset."""
     return published.presets.index(label.split(" ")[0]), label
@@ -282,7 +276,7 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, binomial)
     cells["generated"] = cells["data_source"].str.contains("generated")
     labels, tasks = cells.index.get_level_values("label"), cells.index.get_level_values("task")
-    cells["paper"] = [paper_number(label, task, published) for label, task in zip(labels, tasks)]
+    cells["paper"] = [published.number(label, task) for label, task in zip(labels, tasks)]
     cells["best"] = best_rows(cells)
     cells["papers_side"] = on_papers_side(cells)
     return cells
@@ -518,12 +512,10 @@ def section_frame(section: Section, style: Style) -> pd.DataFrame:
         columns[label, "ours"] = [cell_text(section, row, task, style) for row in section.rows] + [
             *agreement_text(section, task, style)
         ]
-        columns[label, paper_column] = [number(paper_number(row, task, section.published)) for row in section.rows] + ["", ""]
+        columns[label, paper_column] = [number(section.published.number(row, task)) for row in section.rows] + ["", ""]
     averages = [section.average(row) for row in section.rows]
     if any(average is not None for average in averages):
-        paper_averages = [
-            pd.Series({task: paper_number(row, task, section.published) for task in TASKS}).mean() for row in section.rows
-        ]
+        paper_averages = [pd.Series({task: section.published.number(row, task) for task in TASKS}).mean() for row in section.rows]
         columns["avg", "ours"] = [number(average) for average in averages] + ["", ""]
         columns["avg", paper_column] = [number(average) for average in paper_averages] + ["", ""]
     labels = [row_label(row, section.published) for row in section.rows]
@@ -721,7 +713,7 @@ def figure(table: Table, path: Path) -> None:
                 hatch=["//" if generated is True else None for generated in cells["generated"]],
                 edgecolor="white",
             )
-            ax.barh(y + 0.2, [paper_number(row, task, section.published) for row in section.rows], height=0.4, color="0.7")
+            ax.barh(y + 0.2, [section.published.number(row, task) for row in section.rows], height=0.4, color="0.7")
             if task == "listops":
                 ax.axvline(LISTOPS_SPLIT, color="black", linestyle=":", linewidth=1)
             rho, side = agreement_text(section, task, MARKDOWN)

@@ -478,7 +478,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             axis.tick_params(labelsize=7)
             axis.grid(True, axis="x", alpha=0.3)
     figure.suptitle(f"Full training step (forward, backward, AdamW, schedule), the LRA model\n{title}", fontsize=9)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))  # half an inch above the panels for the title
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
