@@ -24,7 +24,7 @@ from torch import nn
 from .data.tasks import get_spec
 from .model import AttentionConfig, ModelConfig, build_classifier, build_encoder
 from .protocol import schedule_problem
-from .results import with_current_names
+from .results import model_and_hparams_with_current_names
 
 IGNORED = -100  # the label of a position the masked-prediction loss does not count (cross_entropy's ignore_index)
 # The settings a pretrained encoder must share with the model it starts.
@@ -256,7 +256,9 @@ def load_pretrained_encoder(module: LRAClassificationModule, checkpoint: Path) -
     pretrained_settings = dict(saved.get("hyper_parameters", {}))
     if "model" in pretrained_settings and "attention" in pretrained_settings:  # a checkpoint of before a rename: today's names
         attention = pretrained_settings["attention"]
-        model, hparams = with_current_names(pretrained_settings["model"], attention.get("name"), attention.get("hparams"))
+        model, hparams = model_and_hparams_with_current_names(
+            pretrained_settings["model"], attention.get("name"), attention.get("hparams")
+        )
         pretrained_settings.update(model=model, attention={**attention, "hparams": hparams})
     differs = [key for key in MODEL_DEFINING if pretrained_settings.get(key) != module.hparams[key]]
     if differs:

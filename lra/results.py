@@ -35,7 +35,7 @@ def with_added_settings(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def with_current_names(
+def model_and_hparams_with_current_names(
     model: dict[str, Any] | None, attention: str | None, hparams: dict[str, Any] | None, old: bool = False
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A stored model section and attention hyperparameters with every renamed setting (the ``RENAMED`` map of
@@ -60,7 +60,9 @@ def config_hash(config: dict[str, Any]) -> str:
     config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
     if "model" in config and "attention" in config:
         attention = config["attention"]
-        config["model"], hparams = with_current_names(config["model"], attention["name"], attention["hparams"], old=True)
+        config["model"], hparams = model_and_hparams_with_current_names(
+            config["model"], attention["name"], attention["hparams"], old=True
+        )
         config["attention"] = {**attention, "hparams": hparams}
     for (part, key), value in ADDED_SETTINGS.items():
         if isinstance(config.get(part), dict) and config[part].get(key) == value:
@@ -266,9 +268,10 @@ class RunRecord:
         os.replace(staging, path)
 
     def configuration(self) -> dict[str, Any]:
-        """The configuration keys the record has, with every added setting it lacks at its old value (:data:`ADDED_SETTINGS`)
-        and every renamed one under its current name (:func:`with_current_names`: the record keeps what was written)."""
-        model, hparams = with_current_names(self.model, self.attention, self.attention_hparams)
+        """The configuration keys the record has, with every added setting it lacks at its old value
+        (:data:`ADDED_SETTINGS`) and every renamed one under its current name
+        (:func:`model_and_hparams_with_current_names`: the record keeps what was written)."""
+        model, hparams = model_and_hparams_with_current_names(self.model, self.attention, self.attention_hparams)
         current = {**vars(self), "model": model, "attention_hparams": hparams}
         return with_added_settings({key: current[key] for key in CONFIGURATION_KEYS if current[key] is not None})
 

@@ -120,6 +120,39 @@ def test_a_checkpoint_of_another_model_is_one_clear_error(tmp_path, other, named
         load_pretrained_encoder(classifier, checkpoint)
 
 
+def with_old_names(checkpoint: Path) -> Path:
+    """``checkpoint`` as it was written before model.attention_in_fp32 and Nystromformer's conv_kernel_size were renamed."""
+    saved = torch.load(checkpoint, weights_only=True)
+    settings = saved["hyper_parameters"]
+    settings["model"]["attention_in_fp32"] = settings["model"].pop("attention_in_float32")
+    settings["attention"]["hparams"]["conv_kernel_size"] = settings["attention"]["hparams"].pop("conv_window")
+    torch.save(saved, checkpoint)
+    return checkpoint
+
+
+NYSTROM_MODEL = {**MODEL, "attention_in_float32": True}
+
+
+def nystromformer(conv_window: int) -> dict:
+    return {"name": "nystromformer", "hparams": {"num_landmarks": 8, "conv_window": conv_window}}
+
+
+def test_a_checkpoint_written_before_a_rename_starts_the_classifier_under_todays_names(tmp_path):
+    torch.manual_seed(0)
+    pretrained = LRAMaskedLMModule("listops", 32, NYSTROM_MODEL, nystromformer(5))
+    checkpoint = with_old_names(save_like_lightning(pretrained, tmp_path / "before-rename.ckpt"))
+    classifier = LRAClassificationModule("listops", 32, NYSTROM_MODEL, nystromformer(5))
+    load_pretrained_encoder(classifier, checkpoint)
+    encoder = classifier.model.encoder.state_dict()
+    for key, value in pretrained.encoder.state_dict().items():
+        expected = value[: classifier.spec.vocab_size] if key == "token_embedding.weight" else value
+        assert torch.equal(encoder[key], expected), key
+    # A renamed setting is compared by its value too: another window under the old name is another model.
+    other = LRAClassificationModule("listops", 32, NYSTROM_MODEL, nystromformer(3))
+    with pytest.raises(ValueError, match=r"is of another model \(attention: checkpoint .*'conv_window': 5"):
+        load_pretrained_encoder(other, checkpoint)
+
+
 def test_todays_default_runs_keep_their_config_hash():
     defining = {"task": {"name": "listops"}, "attention": SOFTMAX, "model": MODEL, "seed": 0}
     explicit = {**defining, "model": {**MODEL, "positions": "learned"}, "pretrain": {"objective": "none"}}
