@@ -88,6 +88,14 @@ def save_like_lightning(module, path: Path) -> Path:
     return path
 
 
+def assert_encoder_is_the_pretrained_one(classifier, pretrained) -> None:
+    """Every encoder weight equals the pretrained one; the pretraining's vocabulary has the [MASK] token past the task's."""
+    encoder = classifier.model.encoder.state_dict()
+    for key, value in pretrained.encoder.state_dict().items():
+        expected = value[: classifier.spec.vocab_size] if key == "token_embedding.weight" else value
+        assert torch.equal(encoder[key], expected), key
+
+
 def test_a_classifier_starts_from_the_pretrained_encoder_with_a_fresh_head(tmp_path):
     torch.manual_seed(0)
     pretrained = LRAMaskedLMModule("listops", 32, MODEL, SOFTMAX)
@@ -96,10 +104,7 @@ def test_a_classifier_starts_from_the_pretrained_encoder_with_a_fresh_head(tmp_p
     classifier = LRAClassificationModule("listops", 32, MODEL, SOFTMAX)
     head_before = {k: v.clone() for k, v in classifier.model.head.state_dict().items()}
     load_pretrained_encoder(classifier, checkpoint)
-    encoder = classifier.model.encoder.state_dict()
-    for key, value in pretrained.encoder.state_dict().items():
-        expected = value[: classifier.spec.vocab_size] if key == "token_embedding.weight" else value
-        assert torch.equal(encoder[key], expected), key
+    assert_encoder_is_the_pretrained_one(classifier, pretrained)
     for key, value in classifier.model.head.state_dict().items():
         assert torch.equal(value, head_before[key]), key
 
@@ -143,10 +148,7 @@ def test_a_checkpoint_written_before_a_rename_starts_the_classifier_under_todays
     checkpoint = with_old_names(save_like_lightning(pretrained, tmp_path / "before-rename.ckpt"))
     classifier = LRAClassificationModule("listops", 32, NYSTROM_MODEL, nystromformer(5))
     load_pretrained_encoder(classifier, checkpoint)
-    encoder = classifier.model.encoder.state_dict()
-    for key, value in pretrained.encoder.state_dict().items():
-        expected = value[: classifier.spec.vocab_size] if key == "token_embedding.weight" else value
-        assert torch.equal(encoder[key], expected), key
+    assert_encoder_is_the_pretrained_one(classifier, pretrained)
     # A renamed setting is compared by its value too: another window under the old name is another model.
     other = LRAClassificationModule("listops", 32, NYSTROM_MODEL, nystromformer(3))
     with pytest.raises(ValueError, match=r"is of another model \(attention: checkpoint .*'conv_window': 5"):
