@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -93,6 +94,8 @@ class CheckpointOnInterrupt(Callback):
         self.stop_requested: str | None = None  # the signal that asked to stop, until training stops
         self._training = False  # between on_train_start and the end of training
         self._handling = False  # within stop_between_steps, in the main thread
+        self._pid = os.getpid()  # the process whose training the handler stops
+        self._previous: dict[int, Any] = {}  # the handlers stop_between_steps replaced, by signal
 
     @contextmanager
     def stop_between_steps(self) -> Iterator[None]:
@@ -101,17 +104,26 @@ class CheckpointOnInterrupt(Callback):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+        self._pid = os.getpid()
+        self._previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
         self._handling = True
         try:
             yield
         finally:
-            for number, handler in previous.items():
+            for number, handler in self._previous.items():
                 signal.signal(number, handler)
             self._handling = False
             self.stop_requested = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:
+            # A process forked during fit (a data generator's pool, a loader worker) inherits this
+            # handler: the pool's terminate() made each worker print a KeyboardInterrupt traceback.
+            # Such a process takes the signal as it would have without this handler.
+            previous = self._previous.get(signum)
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            os.kill(os.getpid(), signum)
+            return
         name = signal.Signals(signum).name
         if self.stop_requested or not self._training:
             raise KeyboardInterrupt(f"signal {name}")

@@ -159,3 +159,29 @@ def test_an_interruption_stops_after_the_next_step_with_nothing_due_and_the_resu
     trainer = fit_with_interruptions(resumed, tmp_path, resume_from=tmp_path / "last.ckpt")
     assert trainer.global_step == 12
     assert first.evaluated_at + resumed.evaluated_at == [5, 10], "each evaluation once, at its step"
+
+
+def wait_for_a_signal(ready) -> None:
+    ready.set()
+    signal.pause()
+
+
+def test_a_pool_forked_during_fit_ends_quietly_and_its_workers_take_the_signal_as_without_the_handler(tmp_path, capfd):
+    """A data generator's multiprocessing pool runs inside fit (the datamodule generates on first use); its
+    workers inherit the stopping handler, and the pool's terminate() sends them SIGTERM."""
+    fork = pytest.importorskip("multiprocessing").get_context("fork")
+    stopper = callbacks.CheckpointOnInterrupt(str(tmp_path))
+    with stopper.stop_between_steps():
+        with fork.Pool(2) as pool:
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+        ready = fork.Event()
+        worker = fork.Process(target=wait_for_a_signal, args=(ready,), daemon=True)
+        worker.start()
+        try:
+            assert ready.wait(timeout=60)  # a signal before the child's interpreter runs would be lost
+            os.kill(worker.pid, signal.SIGTERM)
+            worker.join(timeout=60)
+        finally:
+            worker.kill()
+    assert worker.exitcode == -signal.SIGTERM, "ended by the signal, as with the default handler"
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
