@@ -495,7 +495,7 @@ def agreement_text(section: Section, task: str, style: Style) -> tuple[str, str]
         return "no row with the paper's number", ""
     rows, side, rho = (section.agreement.at[task, column] for column in ("rows", "on_papers_side", "spearman"))
     if rows < MIN_RANKED_ROWS:
-        rho_text = f"– ({rows} rows)"
+        rho_text = f"– ({rows} row{'s' if rows != 1 else ''})"
     elif pd.isna(rho):
         rho_text = f"– (equal means, {rows} rows)"
     else:

@@ -181,7 +181,7 @@ def test_tasks_without_runs_keep_their_columns_and_say_how_to_get_their_data():
     (rho_row,) = [line for line in table.markdown(result, "test records").splitlines() if line.startswith("| *Spearman")]
     cells = rho_row.split(" | ")
     # ListOps, then Text, Retrieval, Image (downloaded) and Pathfinder (generated), each with the paper's column.
-    assert cells[1] == "– (1 rows)" and cells[3] == "no runs; data: `python -m lra.data download text`"
+    assert cells[1] == "– (1 row)" and cells[3] == "no runs; data: `python -m lra.data download text`"
     assert cells[5] == "no runs; data: `python -m lra.data download retrieval`"
     assert cells[7] == "no runs; data: `python -m lra.data download image`" and cells[9] == "no runs"
 
