@@ -1,6 +1,7 @@
 """``lra.callbacks``: TrainingSpeed counts training batches only, loading between them included, evaluations
 excluded; StepProgressBar is one bar over the run's steps that a resume continues."""
 
+import multiprocessing
 import os
 import signal
 
@@ -169,7 +170,7 @@ def wait_for_a_signal(ready) -> None:
 def test_a_pool_forked_during_fit_ends_quietly_and_its_workers_take_the_signal_as_without_the_handler(tmp_path, capfd):
     """A data generator's multiprocessing pool runs inside fit (the datamodule generates on first use); its
     workers inherit the stopping handler, and the pool's terminate() sends them SIGTERM."""
-    fork = pytest.importorskip("multiprocessing").get_context("fork")
+    fork = multiprocessing.get_context("fork")
     stopper = callbacks.CheckpointOnInterrupt(str(tmp_path))
     with stopper.stop_between_steps():
         with fork.Pool(2) as pool:
