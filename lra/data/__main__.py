@@ -144,7 +144,7 @@ def generate_listops(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {args.out} already holds basic_*.tsv files; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"Generating ListOps ({config.total} samples, seed {config.seed}) into {args.out}", flush=True)
-    listops.write_splits(args.out, listops.generate(config))
+    listops.write_generated(args.out, config, listops.generate(config))  # generator.json records the files
     print(f"wrote {', '.join(str(listops.split_path(args.out, s)) for s in listops.SPLITS)}")
 
 

@@ -14,7 +14,8 @@ prepared from what::
         val.* test.*               (a split identical to another, IMDb's val = test, is stored once)
 
 The folder is written under a temporary name and renamed into place, so an interrupted
-preparation never leaves a half-written cache and concurrent runs cannot corrupt each other.
+preparation never leaves a half-written cache; runs that start at once take the folder's lock
+(an OS lock beside it) in turn, so one prepares and the others find its cache and check it.
 Preparing again is a no-op when the key, the source's fingerprint and every file's checksum
 match; a changed source is prepared again, and a corrupt or partial cache is reported with the
 file at fault and rebuilt.
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .formats import SPLITS, Prepared
-from .staging import staged_folder
+from .staging import folder_lock, staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -236,24 +237,26 @@ def prepare(
     source is read again and the folder replaced. A source unpacked by ``python -m lra.data download``
     holds the record of its archive (:data:`DOWNLOAD_RECORD`), which the manifest copies.
     """
-    fingerprint = source_fingerprint(source)
-    if not force and folder.exists():
-        try:
-            manifest = read_manifest(folder)
-            verify(folder, manifest, checksums=True)
-        except CacheError as error:
-            log.info(f"Preparing {task} again: {error}")
-        else:
-            same_source = {k: manifest["source"].get(k) for k in fingerprint} == fingerprint
-            if manifest["key"] == key and same_source:
-                return manifest
-            log.info(f"Preparing {task} again: the files in {source} changed since {folder} was prepared")
-    log.info(f"Preparing {task} from {source} into {folder}")
-    start = time.perf_counter()
-    manifest = write(folder, task, key, read(), source, fingerprint, read_download_record(source))
-    sizes = ", ".join(f"{name} {entry['num_samples']}" for name, entry in manifest["splits"].items())
-    log.info(f"Prepared {task} ({sizes}) in {time.perf_counter() - start:.1f} s")
-    return manifest
+    # One process prepares, the others wait for it and then find its cache intact (an OS lock: see folder_lock).
+    with folder_lock(folder, f"the {task} cache"):
+        fingerprint = source_fingerprint(source)
+        if not force and folder.exists():
+            try:
+                manifest = read_manifest(folder)
+                verify(folder, manifest, checksums=True)
+            except CacheError as error:
+                log.info(f"Preparing {task} again: {error}")
+            else:
+                same_source = {k: manifest["source"].get(k) for k in fingerprint} == fingerprint
+                if manifest["key"] == key and same_source:
+                    return manifest
+                log.info(f"Preparing {task} again: the files in {source} changed since {folder} was prepared")
+        log.info(f"Preparing {task} from {source} into {folder}")
+        start = time.perf_counter()
+        manifest = write(folder, task, key, read(), source, fingerprint, read_download_record(source))
+        sizes = ", ".join(f"{name} {entry['num_samples']}" for name, entry in manifest["splits"].items())
+        log.info(f"Prepared {task} ({sizes}) in {time.perf_counter() - start:.1f} s")
+        return manifest
 
 
 def list_prepared(cache_dir: Path) -> list[tuple[Path, dict[str, Any] | None, str | None]]:

@@ -28,7 +28,9 @@ Per archive, for the requested tasks whose folder (``task.data.source_dir``) is 
    refuses the archive, and so does a link or device among the files to unpack. This is the rule
    of tarfile's ``data`` filter, applied the same way on every Python (the filter exists only from
    3.12 and in late patch releases of 3.10 and 3.11). The folder also gets :data:`DOWNLOAD_RECORD`:
-   the archive's URL, size, MD5, SHA-256 and how it was verified, which the cache manifest copies.
+   the archive's URL, size, MD5, SHA-256 and how it was verified, which the cache manifest copies,
+   and the unpacked files' sizes and SHA-256 (:mod:`lra.data.records`), which are checked before the
+   folder is prepared again: a file that differs is an error naming it, never downloaded over.
 4. Prepare each task's cache (:func:`lra.data.tasks.prepare_task`), so that the next
    ``python -m lra.train task=TASK`` finds it. Training itself never downloads.
 
@@ -82,7 +84,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from . import image, listops, retrieval, text
+from . import image, listops, records, retrieval, text
 from .cache import DOWNLOAD_RECORD, CacheError
 from .formats import LRA_RELEASE_URL
 from .staging import staged_folder
@@ -493,7 +495,10 @@ def unpack(
                         f"{', '.join(sorted(top_folders)[:12])}). It is not the official archive, or its layout "
                         f"changed. Nothing was unpacked; {path} is kept"
                     )
-                (staging / DOWNLOAD_RECORD).write_text(json.dumps({**record, "folder": files.root}, indent=2) + "\n")
+                # The unpacked files' sizes and SHA-256 (lra.data.records): checked before the folder is read again.
+                unpacked_files = records.describe(staging, skip=(DOWNLOAD_RECORD,))
+                task_record = {**record, "folder": files.root, "files": unpacked_files}
+                (staging / DOWNLOAD_RECORD).write_text(json.dumps(task_record, indent=2) + "\n")
         unpacked = True
         for task, (files, folder) in targets.items():
             log.info(f"{task}: unpacked {counts[task]} files of {files.root}/ into {folder}")

@@ -15,7 +15,9 @@ The generator re-implements the official LRA algorithm (``lra_benchmarks/data/li
   (``int(median)``, so an even count truncates the mean of the middle two) and SM (sum mod 10).
 
 Files are the official TSVs ``basic_{train,val,test}.tsv`` with the header ``Source<TAB>Target``,
-so the reader loads the generated folder and the real ``lra_release/listops-1000`` alike.
+so the reader loads the generated folder and the real ``lra_release/listops-1000`` alike. Beside them,
+``generator.json`` holds the parameters and the record of the three files (bytes, SHA-256, samples), which
+:func:`ensure_generated` checks before every use.
 
 The reader removes ``(`` and ``)`` and makes ``]`` a token of its own, then maps tokens through the
 fixed vocabulary :data:`VOCAB` (0 is padding; an unknown token is an error naming file and line).
@@ -37,8 +39,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from . import records
 from .formats import LRA_RELEASE_URL, SPLITS, Prepared, Split
-from .staging import staged_folder
+from .staging import folder_lock, staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ NUM_CLASSES = 10
 VOCAB: dict[str, int] = {token: i for i, token in enumerate((*OPERATORS, CLOSE, *map(str, range(10))), start=1)}
 PAD_ID = 0
 VOCAB_SIZE = len(VOCAB) + 1  # 16: padding plus 15 symbols
+
+GENERATOR_JSON = "generator.json"
 
 # csv's default field limit (128 KiB) is below the longest official rows' size.
 csv.field_size_limit(sys.maxsize)
@@ -172,25 +177,53 @@ def generated_folder(cache_dir: Path, config: GeneratorConfig) -> Path:
     return Path(cache_dir) / name
 
 
-def ensure_generated(cache_dir: Path, config: GeneratorConfig) -> Path:
-    """Generate the TSVs of ``config`` under ``cache_dir`` unless they are already there.
+def write_generated(folder: Path, config: GeneratorConfig, splits: dict[str, list[tuple[str, int]]]) -> None:
+    """Write the TSVs of ``splits`` into ``folder`` and, last, ``generator.json``: ``config``'s parameters and the
+    record of the files (:mod:`lra.data.records`: bytes, SHA-256 and samples of each)."""
+    write_splits(folder, splits)
+    counts = {split_path(folder, split).name: len(rows) for split, rows in splits.items()}
+    record = {**asdict(config), "files": records.describe(folder, counts=counts, skip=(GENERATOR_JSON,))}
+    (Path(folder) / GENERATOR_JSON).write_text(json.dumps(record, indent=2) + "\n")
 
-    The files are written to a temporary folder that is renamed into place, so an interrupted run
-    never leaves a partial folder and concurrent runs (a multirun sweep) cannot corrupt each other.
+
+def generated_problem(folder: Path, config: GeneratorConfig) -> str | None:
+    """Why ``folder`` is not the intact data of ``config`` (None when it is): missing, another configuration, no
+    record of its files (written by an earlier version), or a file that differs from its record."""
+    try:
+        recorded = json.loads((Path(folder) / GENERATOR_JSON).read_text())
+    except FileNotFoundError:
+        return f"{folder / GENERATOR_JSON} is missing"
+    except (OSError, ValueError) as error:
+        return f"{folder / GENERATOR_JSON} cannot be read ({error})"
+    files = recorded.pop("files", None)
+    if recorded != asdict(config):
+        return f"{folder / GENERATOR_JSON} records other parameters than {config}"
+    if not files:
+        return f"{folder / GENERATOR_JSON} records no sizes or checksums of the files (written by an earlier version)"
+    return records.difference(folder, files, GENERATOR_JSON)
+
+
+def ensure_generated(cache_dir: Path, config: GeneratorConfig) -> Path:
+    """The folder of ``config`` under ``cache_dir``, generated unless it is there and intact.
+
+    Processes that start at once generate it once: the first takes the folder's lock (an OS lock, released
+    when its process ends) and generates; the others wait, then find its files and check them. The files
+    are written to a temporary folder renamed into place, so a killed generator never leaves a folder that
+    looks complete. Before use every file is checked against the record in ``generator.json`` (size, then
+    SHA-256); a file that differs is named in a log line and the folder is generated again.
     """
     folder = generated_folder(cache_dir, config)
-    if is_generated(folder):
-        return folder
-    log.info("Generating ListOps (%d samples, seed %d) into %s", config.total, config.seed, folder)
-    splits = generate(config)
-    with staged_folder(folder, complete=is_generated) as staging:
-        write_splits(staging, splits)
-        (staging / "generator.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+    with folder_lock(folder, "the ListOps data"):
+        problem = generated_problem(folder, config)
+        if problem is None:
+            return folder
+        if folder.exists():
+            log.warning("Generating ListOps again: %s", problem)
+        log.info("Generating ListOps (%d samples, seed %d) into %s", config.total, config.seed, folder)
+        splits = generate(config)
+        with staged_folder(folder, complete=lambda done: generated_problem(done, config) is None, replace=True) as staging:
+            write_generated(staging, config, splits)
     return folder
-
-
-def is_generated(folder: Path) -> bool:
-    return all(split_path(folder, split).is_file() for split in SPLITS)
 
 
 def tokenize(source: str) -> list[str]:

@@ -112,7 +112,8 @@ batch per folder), ``i`` restarts at 0 in every folder; the image of global inde
 ``str`` of the original's values: ``imgs/<k> sample_<i>.png <i> <label> <continuity>
 <contour_length> <distractor_length> <paddle_length> <paddle_thickness> <paddle_margin>
 <number of paddle contrasts>``, e.g. ``imgs/0 sample_0.png 0 1 1.0 14 4 2 0.5 1 1``. A
-``generator.json`` records the parameters.
+``generator.json`` records the parameters and the files (:mod:`lra.data.records`: per ``imgs/<k>/`` folder its
+image count, bytes and SHA-256), which :func:`ensure_generated` checks before every use.
 
 Speed on this repository's 2-core machine: about 90 images per CPU-second at 32 px (175 images/s
 with 2 workers: 200,000 in about 20 minutes) and about 4 at 128 px (200,000 in about 7 hours), nearly
@@ -134,7 +135,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from .staging import staged_folder
+from . import records
+from .staging import folder_lock, staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -757,16 +759,34 @@ def _description(config: PathfinderConfig, num_samples: int, seed: int, images_p
     }
 
 
-def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int = 1000) -> bool:
-    """Whether ``folder`` holds this exact dataset (its ``generator.json`` is written last, before the rename)."""
-    folder = Path(folder)
+def _describes(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int) -> bool:
+    """Whether ``folder``'s ``generator.json`` is this generator's, for this dataset (whatever its files)."""
     try:
-        recorded = json.loads((folder / GENERATOR_JSON).read_text())
+        recorded = json.loads((Path(folder) / GENERATOR_JSON).read_text())
     except (OSError, ValueError):
         return False
-    expected = json.loads(json.dumps(_description(config, num_samples, seed, images_per_folder)))
-    num_folders = -(-num_samples // images_per_folder)
-    return recorded == expected and all((folder / "metadata" / f"{k}.npy").is_file() for k in range(num_folders))
+    recorded.pop("files", None)
+    return recorded == json.loads(json.dumps(_description(config, num_samples, seed, images_per_folder)))
+
+
+def generated_problem(
+    folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int = 1000
+) -> str | None:
+    """Why ``folder`` is not this intact dataset (None when it is): its ``generator.json`` (written last, before the
+    rename) is missing or describes another dataset, records no files (an earlier version wrote it), or a file
+    differs from its record (:mod:`lra.data.records`)."""
+    folder = Path(folder)
+    if not _describes(folder, config, num_samples, seed, images_per_folder):
+        return f"{folder / GENERATOR_JSON} is missing, unreadable or describes another dataset"
+    files = json.loads((folder / GENERATOR_JSON).read_text()).get("files")
+    if not files:
+        return f"{GENERATOR_JSON} records no sizes or checksums of the files (written by an earlier version)"
+    return records.difference(folder, files, GENERATOR_JSON)
+
+
+def is_complete(folder: Path, config: PathfinderConfig, num_samples: int, seed: int, images_per_folder: int = 1000) -> bool:
+    """Whether ``folder`` holds this exact dataset, intact."""
+    return generated_problem(folder, config, num_samples, seed, images_per_folder) is None
 
 
 def _write_dataset(
@@ -777,13 +797,14 @@ def _write_dataset(
     images_per_folder: int,
     workers: int | None,
     progress: bool,
+    replace: bool = False,
 ) -> Path:
-    """Generate into a temporary sibling of ``folder`` and rename it into place."""
+    """Generate into a temporary sibling of ``folder`` and rename it into place (``replace``: over a damaged one)."""
 
     def complete(done: Path) -> bool:  # a concurrent run of the same dataset renamed its copy first
         return is_complete(done, config, num_samples, seed, images_per_folder)
 
-    with staged_folder(folder, complete=complete) as staging:
+    with staged_folder(folder, complete=complete, replace=replace) as staging:
         num_folders = -(-num_samples // images_per_folder)
         for k in range(num_folders):
             (staging / "imgs" / str(k)).mkdir(parents=True)
@@ -814,6 +835,7 @@ def _write_dataset(
             lines = [metadata_line(config, k, g - k * images_per_folder, *results[g]) for g in indices]
             (staging / "metadata" / f"{k}.npy").write_text("".join(line + "\n" for line in lines))
         description = _description(config, num_samples, seed, images_per_folder)
+        description["files"] = records.describe(staging, skip=(GENERATOR_JSON,))
         (staging / GENERATOR_JSON).write_text(json.dumps(description, indent=2) + "\n")
     return folder
 
@@ -879,18 +901,26 @@ def ensure_generated(
     images_per_folder: int = 1000,
     progress: bool = True,
 ) -> Path:
-    """``cache_dir/<folder_name(...)>``, generated unless it is already complete.
+    """``cache_dir/<folder_name(...)>``, generated unless it is there and intact.
 
-    Safe against concurrent callers: each generates into its own temporary folder and renames it
-    into place; a caller that loses the race finds the winner's complete folder and uses it.
-    A folder of that name that exists but is not this complete dataset is reported, never reused.
+    Processes that start at once generate it once: the first takes the folder's lock (an OS lock, released when
+    its process ends) and generates; the others wait, then find its files and check them. Before use every file
+    is checked against the record in ``generator.json`` (sizes and counts, then SHA-256); a generated folder
+    that differs is named in a log line and generated again. A folder of that name that is not this generator's
+    (no ``generator.json``, or one describing another dataset) is reported, never overwritten.
     """
     _check_sizes(num_samples, seed, images_per_folder, workers)
     folder = Path(cache_dir) / folder_name(config, num_samples, seed, images_per_folder)
-    if is_complete(folder, config, num_samples, seed, images_per_folder):
-        return folder
-    if folder.exists():
-        raise RuntimeError(f"{folder} exists but is not a complete generated dataset for these parameters; delete it")
-    if progress:
-        log.info("Generating %d Pathfinder%d images (seed %d) into %s", num_samples, config.resolution, seed, folder)
-    return _write_dataset(folder, config, num_samples, seed, images_per_folder, workers, progress)
+    with folder_lock(folder, f"the Pathfinder{config.resolution} data"):
+        problem = generated_problem(folder, config, num_samples, seed, images_per_folder)
+        if problem is None:
+            return folder
+        if folder.exists():
+            if not _describes(folder, config, num_samples, seed, images_per_folder):
+                raise RuntimeError(
+                    f"{folder} exists but is not a complete generated dataset for these parameters ({problem}); delete it"
+                )
+            log.warning("Generating Pathfinder%d again: %s", config.resolution, problem)
+        if progress:
+            log.info("Generating %d Pathfinder%d images (seed %d) into %s", num_samples, config.resolution, seed, folder)
+        return _write_dataset(folder, config, num_samples, seed, images_per_folder, workers, progress, replace=folder.exists())

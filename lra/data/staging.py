@@ -1,13 +1,52 @@
-"""Writing a folder whole or not at all: into a temporary sibling that is renamed into place."""
+"""Writing a folder whole or not at all (into a temporary sibling that is renamed into place), by one process at a time."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock file of ``folder``: a hidden sibling, so it outlives the folder being replaced."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str = "") -> Iterator[None]:
+    """Hold the exclusive lock of ``folder`` (shared data: generated files, a prepared cache) for the block.
+
+    The lock is the OS's (``flock`` on :func:`lock_path`), so it is released when its process ends, however
+    it ends: a killed writer never leaves a stale lock. A second process waits (one log line says for whom)
+    until the first has finished writing, then checks and uses what it wrote. The lock file stays: deleting
+    it would let a late process lock a file that a waiting one no longer sees.
+    """
+    path = lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            log.info(f"Waiting for {holder} to finish writing {what or folder} (lock {path})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @contextmanager

@@ -24,6 +24,7 @@ id 0 (a black pixel) as padding. ``pixel_zero_is_padding: false`` shifts every p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import cache, image, listops, pathfinder, pathfinder_generator, retrieval, text
+from . import cache, image, listops, pathfinder, pathfinder_generator, records, retrieval, text
 from .formats import SPLITS, Prepared
 
 
@@ -183,17 +184,43 @@ def prepare_task(name: str, data: dict[str, Any], *, force: bool = False) -> Res
             cache.verify(resolved.folder, cache.read_manifest(resolved.folder), checksums=True)
             return resolved
     else:
-        source_dir = spec.generate(Path(data["generated_dir"]), data["generator"])
+        source_dir = spec.generate(Path(data["generated_dir"]), data["generator"])  # checked, or generated again
     options = dict(data.get("options") or {})
-    cache.prepare(
-        resolved.folder,
-        name,
-        resolved.key,
-        source_dir,
-        lambda: spec.reader(source_dir, max_length=data["max_length"], **options),
-        force=force,
-    )
+
+    def read() -> Prepared:
+        if resolved.kind == "official":
+            check_official(source_dir)
+        return spec.reader(source_dir, max_length=data["max_length"], **options)
+
+    cache.prepare(resolved.folder, name, resolved.key, source_dir, read, force=force)
     return resolved
+
+
+#: The records an official folder may hold of its files: ``python -m lra.data download``'s, or (a folder written by
+#: ``python -m lra.data generate`` and given as ``source_dir``) the generator's.
+OFFICIAL_RECORDS = (cache.DOWNLOAD_RECORD, listops.GENERATOR_JSON)
+
+
+def check_official(source_dir: Path) -> None:
+    """Before official data is read: raise :class:`~lra.data.records.DamagedData` naming the first file that differs
+    from the record written with the folder (a folder without one has nothing to check but its reader's checks).
+
+    Official data is never regenerated or downloaded over: what to do with it is the user's decision.
+    """
+    for record_name in OFFICIAL_RECORDS:
+        path = Path(source_dir) / record_name
+        if not path.is_file():
+            continue
+        try:
+            files = json.loads(path.read_text()).get("files")
+        except (OSError, ValueError) as error:
+            raise records.DamagedData(f"{path} cannot be read ({error}): the record of {source_dir} is damaged") from None
+        problem = records.difference(source_dir, files, record_name) if files else None
+        if problem:
+            raise records.DamagedData(
+                f"{source_dir} is damaged: {problem}. It is not regenerated or downloaded over: restore the file, or delete "
+                f"{source_dir} and run `python -m lra.data download <task>` (or generate) again"
+            )
 
 
 class TokenDataset(Dataset):

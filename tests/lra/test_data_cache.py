@@ -12,6 +12,7 @@ import torch
 
 from lra.data import cache, listops
 from lra.data.listops import VOCAB
+from lra.data.records import DamagedData
 from lra.data.tasks import TokenDataset, load_task, prepare_task, resolve
 
 ROWS = {
@@ -206,7 +207,7 @@ def test_cli_generate_prepare_and_info(tmp_path):
 
     listing = run_data_cli("info", "--verify", cwd=tmp_path).stdout
     assert "listops (official), max_length 40, train 30 / val 4 / test 5" in listing and "checksums: ok" in listing
-    (folder,) = (tmp_path / "data" / "cache" / "listops").iterdir()
+    (folder,) = (p for p in (tmp_path / "data" / "cache" / "listops").iterdir() if p.is_dir())  # beside it: its lock
     manifest = json.loads((folder / cache.MANIFEST).read_text())
     (folder / manifest["splits"]["val"]["files"]["input_ids"]["file"]).write_bytes(b"\x93NUMPY garbage")
     broken = run_data_cli("info", "--verify", cwd=tmp_path, check=False)
@@ -234,7 +235,7 @@ def test_pathfinder_is_generated_read_and_cached_on_first_use(tmp_path):
     sample = task.splits["train"][0]
     assert sample["input_ids"].shape == (1024,) and 0 <= sample["input_ids"].max() <= 255
     assert (sample["input_ids"] == 0).float().mean() > 0.5  # mostly background: padding by the protocol
-    (generated,) = (tmp_path / "generated").iterdir()
+    (generated,) = (p for p in (tmp_path / "generated").iterdir() if p.is_dir())
     assert task.manifest["source"]["path"] == str(generated)
 
 
@@ -245,3 +246,100 @@ def test_cli_generate_pathfinder_writes_the_official_layout_that_prepare_reads(t
     assert len((out / "metadata" / "0.npy").read_text().splitlines()) == 20
     prepared = run_data_cli("prepare", "pathfinder", "--source", out, cwd=tmp_path).stdout
     assert "Prepared pathfinder (train 16, val 2, test 2)" in prepared
+
+
+def test_cut_generated_data_is_generated_again_not_trained_on(tmp_path, caplog):
+    """Issue 37: basic_train.tsv cut short was prepared again and trained on with fewer samples than generated."""
+    data = data_config(tmp_path, source="generated")
+    prepare_task("listops", data)
+    (generated,) = (p for p in (tmp_path / "generated").iterdir() if p.is_dir())
+    train = generated / "basic_train.tsv"
+    train.write_bytes(b"".join(train.read_bytes().splitlines(keepends=True)[:11]))  # 10 of the 20 samples
+
+    with caplog.at_level(logging.INFO, logger="lra.data"):
+        prepare_task("listops", data)  # what LRADataModule.prepare_data runs at the start of training
+    task = load_task("listops", 8, data)
+
+    assert [len(task.splits[s]) for s in ("train", "val", "test")] == [20, 5, 5]
+    (line,) = [r.getMessage() for r in caplog.records if "Generating ListOps again" in r.getMessage()]
+    assert "basic_train.tsv has" in line and "generator.json records" in line and "20 samples" in line
+
+
+def test_damaged_official_data_is_an_error_naming_the_file_and_never_regenerated(tmp_path):
+    release = tmp_path / "release"  # a folder `python -m lra.data generate listops --out` wrote, given as the official data
+    config = listops.GeneratorConfig(num_train=20, num_val=5, num_test=5, min_length=3, max_length=6, seed=2)
+    release.mkdir()
+    listops.write_generated(release, config, listops.generate(config))
+    data = data_config(tmp_path, source="official")
+    prepare_task("listops", data)
+    val = release / "basic_val.tsv"
+    val.write_bytes(val.read_bytes()[:-3])
+
+    with pytest.raises(DamagedData, match=r"release is damaged: basic_val.tsv has \d+ bytes \(generator.json records"):
+        prepare_task("listops", data)
+    assert not (tmp_path / "generated").exists()
+    recorded = json.loads((release / "generator.json").read_text())["files"]["basic_val.tsv"]
+    assert val.stat().st_size < recorded["num_bytes"], "the damaged file is left as it is"
+
+
+# Each process: wait until all are ready (so that they start together), then do what a training run does first.
+CONCURRENT_RUN = r"""
+import hashlib, logging, os, sys, time
+from pathlib import Path
+from lra.data import listops
+from lra.data.tasks import load_task, prepare_task
+
+root, index, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+generate = listops.generate
+def counted(config):
+    with open(root / "generations", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(1.0)  # a generation long enough that the others arrive while it runs
+    return generate(config)
+listops.generate = counted
+(root / f"ready-{index}").touch()
+while len(list(root.glob("ready-*"))) < count:
+    time.sleep(0.01)
+data = {
+    "source": "generated", "source_dir": str(root / "none"), "cache_dir": str(root / "cache"), "max_length": 40,
+    "options": {}, "generated_dir": str(root / "generated"),
+    "generator": {"num_train": 200, "num_val": 20, "num_test": 20, "min_length": 3, "max_length": 40, "seed": 5},
+}
+prepare_task("listops", data)
+task = load_task("listops", 40, data)
+digest = hashlib.sha256()
+for split in ("train", "val", "test"):
+    digest.update(task.splits[split].split.arrays["input_ids"].tobytes() + task.splits[split].split.labels.tobytes())
+print("data", len(task.splits["train"]), digest.hexdigest())
+"""
+
+
+def test_processes_starting_at_once_generate_and_prepare_the_data_once_and_all_use_it(tmp_path):
+    count = 3
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_RUN, str(tmp_path), str(i), str(count)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(count)
+    ]
+    outputs = [process.communicate(timeout=240) for process in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err[-3000:]
+
+    assert len((tmp_path / "generations").read_text().splitlines()) == 1, "the generator ran once"
+    results = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert len(results) == 1 and results.pop().startswith("data 200 "), "every process read the same 200 samples"
+    logs = [err for _, err in outputs]
+    assert sum("Generating ListOps (240 samples" in log for log in logs) == 1
+    assert sum("Preparing listops from" in log for log in logs) == 1, "the cache was prepared once"
+    waited = [log.count("to finish writing the ListOps data") for log in logs]  # those that came while it generated
+    assert max(waited) == 1 and sum(waited) >= 1 and "Waiting for process" in "".join(logs), "one line per wait"
+    left = [p.name for folder in (tmp_path / "generated", tmp_path / "cache" / "listops") for p in folder.iterdir()]
+    assert not [name for name in left if ".tmp-" in name], f"a temporary folder was left: {left}"
+    assert len([name for name in left if not name.endswith(".lock")]) == 2

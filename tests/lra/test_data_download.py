@@ -22,9 +22,10 @@ from PIL import Image
 from test_data_cache import write_listops_release
 from test_task_readers import random_batch, write_aan, write_batch, write_imdb, write_pathfinder
 
-from lra.data import download, image, listops, pathfinder, retrieval, text
+from lra.data import cache, download, image, listops, pathfinder, retrieval, text
 from lra.data.__main__ import main, task_data_config
-from lra.data.tasks import load_task, resolve
+from lra.data.records import DamagedData
+from lra.data.tasks import load_task, prepare_task, resolve
 
 RELEASE = "lra_release.gz"
 IMDB = "aclImdb_v1.tar.gz"
@@ -256,6 +257,24 @@ def test_one_task_of_the_release_unpacks_only_its_folder(tmp_path, mirror, capsy
     assert sorted(p.name for p in (tmp_path / "data" / "lra_release").iterdir()) == ["listops-1000", "tsv_data"]
 
 
+def test_an_unpacked_file_that_later_differs_from_the_download_record_is_an_error_naming_it(tmp_path, mirror):
+    assert run(tmp_path, mirror, "listops") is None
+    source = tmp_path / "data" / "lra_release" / "listops-1000"
+    recorded = json.loads((source / cache.DOWNLOAD_RECORD).read_text())["files"]
+    train = source / "basic_train.tsv"
+    assert recorded["basic_train.tsv"] == {
+        "num_bytes": train.stat().st_size,
+        "sha256": hashlib.sha256(train.read_bytes()).hexdigest(),
+    }
+    data = task_data_config("listops", tmp_path / "data")
+    train.write_bytes(b"".join(train.read_bytes().splitlines(keepends=True)[:2]))  # cut: the cache's fingerprint changes
+
+    with pytest.raises(DamagedData, match=r"basic_train.tsv has \d+ bytes \(.lra_download.json records") as error:
+        prepare_task("listops", data)
+    assert "not regenerated or downloaded over" in str(error.value)
+    assert len(train.read_bytes().splitlines()) == 2, "official data is left as the user has it"
+
+
 # -------------------------------------------------------------------------------------- resuming
 
 
@@ -471,5 +490,5 @@ def test_training_finds_what_download_prepared(tmp_path, mirror, official):
     assert "Preparing" not in trained.stdout + trained.stderr  # the cache download made, as it is
     (result,) = (tmp_path / "outputs").rglob("results.json")
     record = json.loads(result.read_text())
-    (cache_folder,) = (tmp_path / "data" / "cache" / "image").iterdir()
+    (cache_folder,) = (p for p in (tmp_path / "data" / "cache" / "image").iterdir() if p.is_dir())  # beside it: its lock
     assert record["data_source"] == "cifar10" and record["data_folder"] == str(cache_folder)

@@ -1,6 +1,9 @@
 """The ListOps generator (official algorithm) and the reader of the official TSV files."""
 
 import csv
+import hashlib
+import json
+import logging
 import random
 
 import numpy as np
@@ -8,6 +11,7 @@ import pytest
 
 from lra.data import listops
 from lra.data.listops import VOCAB, GeneratorConfig
+from lra.data.staging import lock_path
 
 SMALL = GeneratorConfig(num_train=300, num_val=40, num_test=40, min_length=10, max_length=120, seed=3)
 
@@ -161,7 +165,7 @@ def test_missing_folder_names_it_and_how_to_get_the_data(tmp_path):
 def test_ensure_generated_writes_once(tmp_path, monkeypatch):
     folder = listops.ensure_generated(tmp_path, SMALL)
     assert sorted(p.name for p in folder.iterdir()) == ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"]
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name], "no staging folder is left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lock_path(folder).name, folder.name], "no staging folder is left"
 
     def fail(config):
         raise AssertionError("the data was generated a second time")
@@ -170,3 +174,51 @@ def test_ensure_generated_writes_once(tmp_path, monkeypatch):
     assert listops.ensure_generated(tmp_path, SMALL) == folder
     with open(folder / "basic_train.tsv") as f:
         assert sum(1 for _ in csv.reader(f, delimiter="\t")) == 301
+
+
+def test_generator_json_records_each_files_samples_bytes_and_sha256(tmp_path):
+    folder = listops.ensure_generated(tmp_path, SMALL)
+    recorded = json.loads((folder / "generator.json").read_text())
+    assert {key: recorded[key] for key in ("num_train", "seed")} == {"num_train": 300, "seed": 3}
+    files = recorded["files"]
+    assert sorted(files) == ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv"]
+    assert [files[f"basic_{s}.tsv"]["num_samples"] for s in listops.SPLITS] == [300, 40, 40]
+    train = folder / "basic_train.tsv"
+    assert files["basic_train.tsv"]["num_bytes"] == train.stat().st_size
+    assert files["basic_train.tsv"]["sha256"] == hashlib.sha256(train.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "same size, other contents", "deleted"])
+def test_a_damaged_generated_file_is_named_and_generated_again(tmp_path, caplog, damage):
+    folder = listops.ensure_generated(tmp_path, SMALL)
+    train = folder / "basic_train.tsv"
+    intact = train.read_bytes()
+    if damage == "truncated":  # the issue's case: the file cut to its first lines
+        train.write_bytes(b"".join(intact.splitlines(keepends=True)[:101]))
+    elif damage == "deleted":
+        train.unlink()
+    else:
+        first_label = intact.index(b"\t") + 1
+        train.write_bytes(intact[:first_label] + bytes([intact[first_label] ^ 1]) + intact[first_label + 1 :])
+
+    with caplog.at_level(logging.INFO, logger="lra.data.listops"):
+        assert listops.ensure_generated(tmp_path, SMALL) == folder
+
+    assert train.read_bytes() == intact, "the seed reproduces the files"
+    (line,) = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert "Generating ListOps again: basic_train.tsv" in line
+    expected = {"truncated": "bytes (generator.json records", "deleted": "is missing", "same size, other contents": "SHA-256"}
+    assert expected[damage] in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lock_path(folder).name, folder.name], "no staging folder is left"
+
+
+def test_a_folder_generated_before_records_existed_is_generated_again(tmp_path, caplog):
+    folder = listops.ensure_generated(tmp_path, SMALL)
+    recorded = json.loads((folder / "generator.json").read_text())
+    del recorded["files"]
+    (folder / "generator.json").write_text(json.dumps(recorded))
+    (folder / "basic_val.tsv").write_text("Source\tTarget\n")  # nothing could tell this damage apart
+    with caplog.at_level(logging.INFO, logger="lra.data.listops"):
+        listops.ensure_generated(tmp_path, SMALL)
+    assert "records no sizes or checksums" in caplog.text
+    assert len(listops.read_split(folder, "val", 120)[1]) == 40 and "files" in json.loads((folder / "generator.json").read_text())

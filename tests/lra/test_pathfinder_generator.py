@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ from PIL import Image
 
 from lra.data import pathfinder_generator as pg
 from lra.data.pathfinder_generator import PathfinderConfig, ensure_generated, generate, generate_sample
+from lra.data.staging import lock_path
 
 PF32 = PathfinderConfig.lra(32)
 PATHX = PathfinderConfig.lra(128)
@@ -291,10 +293,25 @@ def test_ensure_generated_survives_a_lost_race(tmp_path):
     # A concurrent caller that finishes second: its rename fails and it uses the winner's folder.
     assert pg._write_dataset(folder, PF32, 5, 1, 1000, 1, False) == folder
     assert tree(folder) == before
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lock_path(folder).name, folder.name]
 
 
 def test_ensure_generated_reports_a_foreign_folder(tmp_path):
     (tmp_path / pg.folder_name(PF32, 5, 1)).mkdir()
     with pytest.raises(RuntimeError, match="not a complete"):
         ensure_generated(tmp_path, PF32, 5, seed=1, workers=1, progress=False)
+
+
+def test_a_damaged_generated_image_is_named_and_the_folder_generated_again(tmp_path, caplog):
+    folder = ensure_generated(tmp_path, PF32, 6, seed=2, workers=1, progress=False)
+    files = json.loads((folder / "generator.json").read_text())["files"]
+    assert {"metadata/0.npy", "imgs/0/sample_5.png"} <= set(files)
+    before = tree(folder)
+    image = folder / "imgs" / "0" / "sample_3.png"
+    image.write_bytes(image.read_bytes()[:20])  # a truncated PNG: the reader would fail on it, or worse, read it
+
+    with caplog.at_level(logging.INFO, logger="lra.data.pathfinder_generator"):
+        assert ensure_generated(tmp_path, PF32, 6, seed=2, workers=1, progress=False) == folder
+
+    assert tree(folder) == before
+    assert "Generating Pathfinder32 again: imgs/0/sample_3.png has 20 bytes (generator.json records" in caplog.text

@@ -1,8 +1,14 @@
-"""``staged_folder``: a folder appears whole or not at all, and a writer that loses a race keeps the winner's."""
+"""``staged_folder``: a folder appears whole or not at all, and a writer that loses a race keeps the winner's;
+``folder_lock``: one writer at a time, released when its process ends."""
+
+import fcntl
+import logging
+import subprocess
+import sys
 
 import pytest
 
-from lra.data.staging import staged_folder
+from lra.data.staging import folder_lock, lock_path, staged_folder
 
 
 def complete(folder):
@@ -51,3 +57,37 @@ def test_replace_swaps_an_outdated_folder_for_the_new_one(tmp_path):
     with staged_folder(target, complete=complete, replace=True) as staging:
         (staging / "done").write_text("new")
     assert sorted(path.name for path in target.iterdir()) == ["done"]
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from lra.data.staging import folder_lock
+with folder_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def lock_is_free(folder):
+    with open(lock_path(folder), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return True
+
+
+def test_the_folder_lock_is_held_by_one_process_and_dies_with_it(tmp_path, caplog):
+    target = tmp_path / "set"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(target)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert not lock_is_free(target)
+        assert f"process {holder.pid}" in lock_path(target).read_text()
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs, the OS drops the lock
+        holder.wait()
+    with caplog.at_level(logging.INFO, logger="lra.data.staging"), folder_lock(target):
+        assert not lock_is_free(target)
+    assert "Waiting" not in caplog.text and lock_is_free(target)
