@@ -9,6 +9,9 @@ so an installed copy works from any folder. Python adds:
   ``conf/attention/<row>.yaml`` selects one (``defaults: [/attention_zoo@_here_: <name>]``) and may
   override some of its hyperparameters, so the values live once, in ``attention_zoo``, and every one
   of them can be changed on the command line as ``attention.hparams.<key>=...``;
+* an option of the ``attention`` group for every registered attention and preset that has no YAML
+  of its own, so ``attention=<name>`` works for every name ``attention_zoo`` lists (a YAML, where
+  there is one, is the option);
 * the resolvers ``lra_run_name`` (a run folder's name from its overrides) and ``lra_paper_rows``
   (a published table's rows, :mod:`lra.paper`: ``${lra_paper_rows:table3}`` is what
   ``experiment=table3`` sweeps).
@@ -20,8 +23,10 @@ composing a configuration (``--cfg job``, ``--help``) does not pay for what only
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 from collections.abc import Iterable
+from importlib import resources
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -63,10 +68,13 @@ def register() -> None:
     OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("lra_paper_rows", paper_rows, replace=True)
     store = ConfigStore.instance()
-    for name in attention_zoo.available():
-        store.store(group="attention_zoo", name=name, node=_node(name, name))
-    for name, preset in attention_zoo.presets().items():
-        store.store(group="attention_zoo", name=name, node=_node(name, preset.attention))
+    registered = {name: name for name in attention_zoo.available()}
+    registered.update({name: preset.attention for name, preset in attention_zoo.presets().items()})
+    rows = set(attention_rows())
+    for name, attention in registered.items():
+        store.store(group="attention_zoo", name=name, node=_node(name, attention))
+        if name not in rows:
+            store.store(group="attention", name=name, node=_node(name, attention))
 
 
 def _node(name: str, attention: str) -> dict:
@@ -81,7 +89,29 @@ def compose(overrides: Iterable[str] = (), *, return_hydra_config: bool = False)
 
 
 def attention_rows() -> list[str]:
-    """The options of the ``attention`` group: one per ``conf/attention/<row>.yaml``, sorted."""
+    """The rows of ``conf/attention/``: one per ``<row>.yaml`` shipped in the package, sorted."""
+    folder = resources.files(CONFIG_MODULE) / "attention"
+    return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def attention_choices() -> list[str]:
+    """Every ``attention=`` option: the rows of ``conf/attention/`` and every registered attention and preset, sorted."""
     register()
     with hydra.initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         return GlobalHydra.instance().config_loader().get_group_options("attention")
+
+
+def unknown_attention(overrides: Iterable[str]) -> str | None:
+    """The error for an ``attention=NAME`` override (or a sweep's ``attention=a,b``) naming no option: the closest
+    option and every choice, where Hydra would print its search path."""
+    choices = attention_choices()
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") != "attention" or not value or "(" in value or "$" in value:
+            continue  # not the group, or a sweep function / interpolation Hydra resolves itself
+        for name in value.split(","):
+            if name.strip() not in choices:
+                close = difflib.get_close_matches(name.strip(), choices, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                return f"attention={name.strip()} is not an attention; {hint}The choices: {', '.join(choices)}"
+    return None

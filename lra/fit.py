@@ -264,7 +264,7 @@ def measured(
         "peak_memory_mb": round(peak_memory, 1),
         "peak_memory_kind": peak_memory_kind,
         "device": results.device_name(device),
-        "precision": str(cfg.trainer.precision),
+        "precision": results.precision_name(cfg.trainer.precision),
         "compiled": compile_with is not None,
         "compile_backend": compile_with,
     }

@@ -22,16 +22,38 @@ CLASSIFICATION, PRETRAINING = "classification", "pretraining"  # a run's stage (
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-# Settings added after runs were recorded, at the value those runs had: a run with these values has
-# the config hash it had before them (config_hash), and a record without them has them (lra.table).
-ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): "none"}
+FLOAT32 = "32-true"  # Lightning's name of float32 training, the precision of every run before precision was an identity
+# Lightning's short names of a precision, under the name it reports (and records keep).
+PRECISION_NAMES = {"32": FLOAT32, "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+
+# Settings added to a run's identity after runs were recorded, at the value those runs had: a run with these
+# values has the config hash it had before them (config_hash), and a record without them has them (lra.table).
+# A key is (part, setting) for a setting inside a part of the configuration, or (setting,) for a top-level one.
+ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): "none", ("precision",): FLOAT32}
+
+# What a run's identity (config_hash, and the cells lra.table pools: CONFIGURATION_KEYS) is: every setting that
+# changes what is computed. The composed config's other keys are left out, each for a reason:
+# * trainer.precision is in (as "precision"): bf16 autocast changes every number a step computes;
+# * trainer.accelerator, trainer.devices, trainer.num_nodes, trainer.strategy: where the same arithmetic runs. The
+#   protocol's batch is the total over the processes, so DDP computes the single process's step to float rounding
+#   (tests/lra/test_slurm.py, the DDP tests); a GPU's kernels compute the CPU's to rounding (yoso_cuda's checks);
+# * trainer.compile: Inductor computes the eager step to rounding; only the random stream differs, like a seed's
+#   draws, and a compiled run is reproducible from its seed (tests/lra/test_compile.py);
+# * trainer.enable_progress_bar, logger, callbacks, num_workers, paths, rerun: what is shown, written, or where,
+#   and how batches are loaded (the sampler is seeded, so the batches are the same), never what is computed;
+# * task.data.source_dir, cache_dir, generated_dir: where the data lies; which data it is, is data_source.
+
+
+def precision_name(precision: Any) -> str:
+    """A Lightning precision under the name Lightning reports: ``32`` and ``"32"`` are ``"32-true"``."""
+    return PRECISION_NAMES.get(str(precision), str(precision))
 
 
 def with_added_settings(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a record's or a defining config) with every added setting it lacks at its old value."""
     config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
-    for (part, key), value in ADDED_SETTINGS.items():
-        config.setdefault(part, {}).setdefault(key, value)
+    for (*part, key), value in ADDED_SETTINGS.items():
+        (config.setdefault(part[0], {}) if part else config).setdefault(key, value)
     return config
 
 
@@ -64,11 +86,14 @@ def config_hash(config: dict[str, Any]) -> str:
             config["model"], attention["name"], attention["hparams"], old=True
         )
         config["attention"] = {**attention, "hparams": hparams}
-    for (part, key), value in ADDED_SETTINGS.items():
-        if isinstance(config.get(part), dict) and config[part].get(key) == value:
-            del config[part][key]
-            if not config[part]:
-                del config[part]
+    for (*part, key), value in ADDED_SETTINGS.items():
+        if not part:
+            if config.get(key) == value:
+                del config[key]
+        elif isinstance(config.get(part[0]), dict) and config[part[0]].get(key) == value:
+            del config[part[0]][key]
+            if not config[part[0]]:
+                del config[part[0]]
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -148,7 +173,7 @@ RECORD_VERSION = 2
 VERSION_KEYS = {1: "schema_version", 2: "record_version"}
 #: The keys that identify a run's configuration (with its seed): a cell of ``lra.table`` pools the runs equal in
 #: every one of them. ``config_hash`` is the hash of the settings they are resolved from (``lra.train``).
-CONFIGURATION_KEYS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain")
+CONFIGURATION_KEYS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain", "precision")
 #: The keys that describe only the machine a run ran on, its paths: ``data.*`` ones are never recorded (a task's
 #: data settings without them), the others are left out of a committed record (``lra.table --collect``).
 MACHINE_KEYS = (
@@ -272,7 +297,8 @@ class RunRecord:
         (:data:`ADDED_SETTINGS`) and every renamed one under its current name
         (:func:`model_and_hparams_with_current_names`: the record keeps what was written)."""
         model, hparams = model_and_hparams_with_current_names(self.model, self.attention, self.attention_hparams)
-        current = {**vars(self), "model": model, "attention_hparams": hparams}
+        precision = None if self.precision is None else precision_name(self.precision)
+        current = {**vars(self), "model": model, "attention_hparams": hparams, "precision": precision}
         return with_added_settings({key: current[key] for key in CONFIGURATION_KEYS if current[key] is not None})
 
 

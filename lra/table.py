@@ -60,6 +60,7 @@ import argparse
 import json
 import math
 import os
+import re
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ import pandas as pd
 
 from .data.tasks import TASKS as TASK_SPECS
 from .paper import TABLE3, TABLES, PaperTable, Row
-from .results import CONFIGURATION_KEYS, RESULTS_FILE, RunRecord
+from .results import CONFIGURATION_KEYS, FLOAT32, RESULTS_FILE, RunRecord
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
@@ -183,6 +184,10 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
                 "data_source": (record.data_source or NOT_RECORDED) if finished else None,
                 "accuracy": 100 * record.test_acc if finished else math.nan,
                 "num_test": (record.num_samples or {}).get("test") if finished else None,
+                "steps_per_s": record.steps_per_second if finished else None,
+                "peak_memory_mb": record.peak_memory_mb if finished else None,
+                "device": (record.device or NOT_RECORDED) if finished else None,
+                "adjusted": record.adjusted or {},
                 "model": config["model"],
                 "protocol_fields": record.protocol,
             }
@@ -193,18 +198,27 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
     # A count, whole even beside runs that have none (those are NA, not a float column of 256.0s).
     runs["num_test"] = pd.to_numeric(runs["num_test"], errors="coerce").astype("Int64")
     runs["num_test"] = runs["num_test"].where(runs["num_test"] > 0)
+    for column in ("steps_per_s", "peak_memory_mb"):
+        runs[column] = pd.to_numeric(runs[column], errors="coerce")
     # The same run found twice (outputs/ and results/runs/) is one record.
     return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
 
 
+def base_row(row: str) -> str:
+    """The preset or registered attention of a run's row (``yoso_32`` of ``yoso_32 attention.hparams.num_hashes=16``)."""
+    return row.split(" ")[0]
+
+
 def is_paper_row(row: str, published: PaperTable) -> bool:
     """Whether a run's row (its preset, with any command-line change) is a row of the paper's table."""
-    return row.split(" ")[0] in published.presets
+    return base_row(row) in published.presets
 
 
-def row_order(label: str, published: PaperTable) -> tuple[int, str]:
-    """Rows in the paper's order, a changed or split row after its preset."""
-    return published.presets.index(label.split(" ")[0]), label
+def row_order(label: str, order: tuple[str, ...]) -> tuple[int, str, str]:
+    """Rows in ``order`` (the paper's, or the one asked for), then the others by name; a changed or split row after
+    its preset."""
+    base = base_row(label)
+    return (order.index(base) if base in order else len(order)), base, label
 
 
 def row_label(row: str, published: PaperTable) -> str:
@@ -225,11 +239,61 @@ def what_differs(configs: pd.DataFrame, groups: list[pd.Series]) -> pd.Series:
     return differing.apply(lambda run: ", ".join(f"{key}={json.loads(value)}" for key, value in run.dropna().items()), axis=1)
 
 
+@cache
+def declared_protocol(name: str, task: str) -> dict[str, Any] | None:
+    """The protocol ``name`` as its experiment declares it for ``task`` (``experiment=<name> task=<task>``, composed);
+    None where no experiment of that name declares it (a protocol named on the command line)."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from . import config
+
+    try:
+        protocol = OmegaConf.to_container(config.compose([f"task={task}", f"experiment={name}"]).task.protocol, resolve=True)
+    except HydraException:
+        return None
+    return protocol if protocol.get("name") == name else None
+
+
+def departures(protocol: dict[str, Any] | None, adjusted: dict[str, Any], task: str) -> dict[str, str]:
+    """``protocol.<key>: JSON value`` for each setting in which a run's protocol departs from its protocol as declared
+    (:func:`declared_protocol`), the values as the run asked for them (before a shortened run's fitting, which follows
+    from them); none where the protocol is declared nowhere."""
+    protocol = protocol or {}
+    declared = declared_protocol(protocol.get("name", NOT_RECORDED), task)
+    if declared is None:
+        return {}
+    asked = {**protocol, **{key: change["from"] for key, change in adjusted.items() if key in protocol}}
+    return {
+        f"protocol.{key}": json.dumps(value, sort_keys=True)
+        for key, value in sorted(asked.items())
+        if key in declared and declared[key] != value
+    }
+
+
 def section_titles(runs: pd.DataFrame) -> pd.Series:
-    """A run's section: its protocol and each setting that differs between the protocol's runs of its task, the row's aside."""
+    """A run's section: its protocol, each setting in which it departs from the protocol as declared, each setting that
+    differs between the protocol's runs of its task (the row's aside), and the precision where it is not float32."""
     configs = configs_of(runs)
-    differs = what_differs(configs[[key for key in configs if not key.startswith(ROW_KEYS)]], [runs["protocol"], runs["task"]])
-    return runs["protocol"] + differs.map(lambda text: f", {text}" if text else "")
+    section_keys = [key for key in configs if not key.startswith(ROW_KEYS)]
+    differing = configs[section_keys].where(
+        configs[section_keys].groupby([runs["protocol"], runs["task"]]).transform("nunique") > 1
+    )
+    titles = []
+    for (index, run), differs in zip(runs.iterrows(), differing.itertuples(index=False)):
+        shown = {key: value for key, value in zip(section_keys, differs) if isinstance(value, str)}
+        shown.update(departures(run["protocol_fields"], run["adjusted"], run["task"]))
+        precision = configs.at[index, "precision"] if "precision" in configs else json.dumps(FLOAT32)
+        if json.loads(precision) != FLOAT32:
+            shown["precision"] = precision
+        titles.append(", ".join([run["protocol"], *(f"{key}={json.loads(shown[key])}" for key in sorted(shown))]))
+    return pd.Series(titles, index=runs.index)
+
+
+def natural_order(text: str) -> list[tuple[int, float | str]]:
+    """A sort key that orders the numbers in ``text`` by value: ``max_steps=5`` before ``max_steps=10``."""
+    parts = re.split(r"(-?\d+(?:\.\d+)?(?:e-?\d+)?)", text)
+    return [(1, float(part)) if i % 2 else (0, part) for i, part in enumerate(parts) if part]
 
 
 def row_labels(runs: pd.DataFrame) -> pd.Series:
@@ -270,6 +334,9 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
         num_seeds=("seed", "size"),
         mean=("accuracy", "mean"),
         std=("accuracy", "std"),
+        steps_per_s=("steps_per_s", "mean"),
+        peak_memory_mb=("peak_memory_mb", "mean"),
+        devices=("device", lambda devices: " + ".join(sorted(set(devices)))),
     )
     p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
     binomial = 100 * np.sqrt(p * (1 - p) / n)
@@ -346,10 +413,12 @@ class Section:
     cells: pd.DataFrame  # indexed by (row label, task); the columns of cell_frame
     published: PaperTable = TABLE3
     duplicates: list[str] = field(default_factory=list)
+    order: tuple[str, ...] = ()  # the rows' order (presets); rows not in it follow by name. Default: the paper's
 
     def __post_init__(self) -> None:
         if self.cells.empty:
             raise ValueError(f"section {self.title!r} has no cells")
+        self.order = self.order or self.published.presets
         self.agreement = agreement(self.cells)
 
     @property
@@ -358,7 +427,7 @@ class Section:
 
     @property
     def rows(self) -> list[str]:
-        return sorted(self.cells.index.unique("label"), key=lambda label: row_order(label, self.published))
+        return sorted(self.cells.index.unique("label"), key=lambda label: row_order(label, self.order))
 
     @property
     def tasks(self) -> list[str]:
@@ -385,11 +454,23 @@ class Section:
         return None if any(c is None for c in cells) else sum(c["mean"] for c in cells) / len(TASKS)
 
 
+PAPER_ROWS = "paper"  # the rows of the published table only: the table as the paper prints it
+ALL_ROWS = "all"  # every row with finished runs: the paper's in its order, then the others by name
+COMPARISON = "comparison"  # the files of a table of ALL_ROWS (or of rows asked for)
+
+
 @dataclass
 class Table:
     published: PaperTable
     sections: list[Section]
     left_out: pd.DataFrame  # runs that are not cells: task, row, seed, protocol, config_hash, why
+    rows: str | tuple[str, ...] = PAPER_ROWS  # PAPER_ROWS, ALL_ROWS, or the rows asked for, in their order
+    speed: bool = False  # the Markdown and LaTeX show each cell's training steps/s and peak memory
+
+    @property
+    def comparison(self) -> bool:
+        """Whether rows the paper does not have are rows here (every table but the paper's own)."""
+        return self.rows != PAPER_ROWS
 
 
 def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
@@ -402,7 +483,8 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTab
     failed = failed.assign(why=[f"{status}: {error or status}" for status, error in zip(failed["status"], failed["error"])])
     unknown = unknown.assign(
         why=[
-            f"finished at {accuracy:.2f}%, but {row.split(' ')[0]} is not a row of the paper's {published.title} (lra/paper.py)"
+            f"finished at {accuracy:.2f}%, but {base_row(row)} is not a row of the paper's {published.title} (lra/paper.py); "
+            "the comparison table (python -m lra.table) has every row"
             for accuracy, row in zip(unknown["accuracy"], unknown["row"])
         ]
     )
@@ -411,23 +493,32 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTab
     return left_out.sort_values(["task", "row", "seed", "protocol", "config_hash"]).reset_index(drop=True)
 
 
-def build(records: list[RunRecord], published: PaperTable = TABLE3) -> Table:
-    """The table of ``records`` for the paper's table ``published``: its sections of cells, and the runs that are not
-    cells."""
+def build(
+    records: list[RunRecord], published: PaperTable = TABLE3, rows: str | tuple[str, ...] = PAPER_ROWS, speed: bool = False
+) -> Table:
+    """The table of ``records`` beside the paper's table ``published``: its sections of cells, and the runs that are
+    not cells. ``rows``: PAPER_ROWS (the published table: its rows only, in its order), ALL_ROWS (every row with
+    finished runs: the paper's in its order, then the others by name) or the rows to show, in their order."""
+    table = Table(published, [], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]), rows, speed)
     runs = frame(records)
     if runs.empty:
-        return Table(published, [], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]))
+        return table
     finished = runs[runs["status"] == "finished"].sort_values("finished_at", kind="stable")
     # One record per configuration, data source and seed: the latest finished.
     copies = finished.groupby(SAME_RUN, dropna=False).size().rename("copies")
     counted = finished.drop_duplicates(SAME_RUN, keep="last").join(copies, on=SAME_RUN)
-    in_table = counted["row"].map(lambda row: is_paper_row(row, published)).astype(bool)
-    # A row of another published table is that table's, not a run this one leaves out.
-    elsewhere = counted["row"].map(lambda row: any(is_paper_row(row, other) for other in TABLES.values())).astype(bool)
-    unknown = counted[~in_table & ~elsewhere]
+    if rows == PAPER_ROWS:
+        in_table = counted["row"].map(lambda row: is_paper_row(row, published)).astype(bool)
+        # A row of another published table is that table's, not a run this one leaves out.
+        elsewhere = counted["row"].map(lambda row: any(is_paper_row(row, other) for other in TABLES.values())).astype(bool)
+        unknown, order = counted[~in_table & ~elsewhere], published.presets
+    else:
+        in_table = counted["row"].map(lambda row: rows == ALL_ROWS or base_row(row) in rows).astype(bool)
+        unknown, order = counted.iloc[:0], (published.presets if rows == ALL_ROWS else tuple(rows))
+    table.left_out = left_out_runs(runs, unknown, published)
     cell_runs = counted[in_table].copy()
     if cell_runs.empty:
-        return Table(published, [], left_out_runs(runs, unknown, published))
+        return table
     cell_runs["section"] = section_titles(cell_runs)
     cell_runs["label"] = row_labels(cell_runs)
     cells = cell_frame(cell_runs, published)
@@ -438,6 +529,7 @@ def build(records: list[RunRecord], published: PaperTable = TABLE3) -> Table:
             not_paper_because=not_paper_because(runs_of),
             cells=cells.xs(title, level="section"),
             published=published,
+            order=order,
             duplicates=[
                 f"{run.task} / {run.row} / seed {run.seed}: {run.copies} runs of one configuration, "
                 f"the latest ({run.finished_at}) counts"
@@ -446,9 +538,10 @@ def build(records: list[RunRecord], published: PaperTable = TABLE3) -> Table:
         )
         for title, runs_of in cell_runs.groupby("section")
     ]
-    # The paper's protocol first, then the others by name.
-    sections.sort(key=lambda s: (s.protocol != "paper", s.protocol, s.title))
-    return Table(published, sections, left_out_runs(runs, unknown, published))
+    # The paper's protocol first, then the others by name, each protocol's sections by the values of their settings.
+    sections.sort(key=lambda s: (s.protocol != "paper", s.protocol, natural_order(s.title)))
+    table.sections = sections
+    return table
 
 
 @dataclass(frozen=True)
@@ -461,10 +554,11 @@ class Style:
     code: tuple[str, str]
     rho: str
     full_protocol: str  # marks the paper's column where its protocol is not the section's
+    geq: str
 
 
-MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡")
-LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$")
+MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡", "≥")
+LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$", "$\\geq$")
 RHO_ROW = "Spearman's {rho} with the paper"
 SIDE_ROW = "ListOps: on the paper's side"
 
@@ -492,19 +586,26 @@ def agreement_text(section: Section, task: str, style: Style) -> tuple[str, str]
             return f"no runs; data: {style.code[0]}python -m lra.data download {task}{style.code[1]}", ""
         return "no runs", ""
     if task not in section.agreement.index:
-        return "no row with the paper's number", ""
+        return "none: no row here has the paper's number", ""
     rows, side, rho = (section.agreement.at[task, column] for column in ("rows", "on_papers_side", "spearman"))
     if rows < MIN_RANKED_ROWS:
-        rho_text = f"– ({rows} row{'s' if rows != 1 else ''})"
+        rho_text = f"needs {style.geq} {MIN_RANKED_ROWS} rows with the paper's number ({rows} here)"
     elif pd.isna(rho):
-        rho_text = f"– (equal means, {rows} rows)"
+        rho_text = f"undefined: our {rows} rows' means are all equal"
     else:
         rho_text = f"{rho:+.2f} ({rows} rows)"
     return rho_text, ("" if pd.isna(side) else f"{side} of {rows}")
 
 
-def section_frame(section: Section, style: Style) -> pd.DataFrame:
-    """The section as text: a row per table row, then the agreement rows; per task, our cell beside the paper's."""
+def measured(section: Section, row: str, task: str, column: str, digits: int) -> str:
+    """A cell's mean of a measurement its runs recorded (``steps_per_s``, ``peak_memory_mb``); "–" where none did."""
+    cell = section.cell(row, task)
+    return "–" if cell is None or pd.isna(cell[column]) else f"{cell[column]:.{digits}f}"
+
+
+def section_frame(section: Section, style: Style, speed: bool = False) -> pd.DataFrame:
+    """The section as text: a row per table row, then the agreement rows; per task, our cell beside the paper's and,
+    with ``speed``, the cells' training steps per second and peak memory."""
     paper_column = "paper" if section.paper_protocol else f"paper{style.full_protocol}"
     columns: dict[tuple[str, str], list[str]] = {}
     for task in section.tasks:
@@ -513,6 +614,9 @@ def section_frame(section: Section, style: Style) -> pd.DataFrame:
             *agreement_text(section, task, style)
         ]
         columns[label, paper_column] = [number(section.published.number(row, task)) for row in section.rows] + ["", ""]
+        if speed and section.has_cells(task):
+            columns[label, "steps/s"] = [measured(section, row, task, "steps_per_s", 2) for row in section.rows] + ["", ""]
+            columns[label, "MB"] = [measured(section, row, task, "peak_memory_mb", 0) for row in section.rows] + ["", ""]
     averages = [section.average(row) for row in section.rows]
     if any(average is not None for average in averages):
         paper_averages = [pd.Series({task: section.published.number(row, task) for task in TASKS}).mean() for row in section.rows]
@@ -531,8 +635,9 @@ def paper_split(published: PaperTable) -> tuple[list[Row], list[Row]]:
     )
 
 
-def describe_section(section: Section) -> list[str]:
-    """The sentences under a section's title: its protocol, the cells' seeds and test sizes."""
+def describe_section(section: Section, speed: bool = False) -> list[str]:
+    """The sentences under a section's title: its protocol, the cells' seeds and test sizes (and with ``speed``, where
+    the speed and memory were measured)."""
     if section.paper_protocol:
         lines = ["The paper's protocol and model: the paper column is the paper's number under the same protocol."]
     else:
@@ -552,18 +657,41 @@ def describe_section(section: Section) -> list[str]:
         )
         + "."
     )
+    if speed:
+        devices = sorted(set(" + ".join(section.cells["devices"]).split(" + ")))
+        lines.append(
+            "steps/s: training steps per second (evaluations excluded), MB: peak memory, each the mean of the cell's "
+            f"runs, on {'; '.join(devices)}: compare them only between runs of one machine."
+        )
     return lines
 
 
-def legend(published: PaperTable) -> list[str]:
+def legend(table: Table) -> list[str]:
+    published = table.published
     learn, chance = paper_split(published)
 
     def group(rows: list[Row]) -> str:
         return f"{', '.join(row.label for row in rows)} at about {np.mean([row.accuracy['listops'] for row in rows]):.0f}%"
 
+    if table.comparison:
+        rows = (
+            f"a row per attention with a cell there ({published.title}'s rows in its order, then the others by name)"
+            if table.rows == ALL_ROWS
+            else f"a row per attention asked for ({', '.join(table.rows)}) with a cell there"
+        )
+        numbers = f"the paper's number where {published.title} has the row, – where it does not"
+        not_cells = "Failed runs are listed at the end, not in the table."
+    else:
+        rows = f"a row per {published.title} row with a cell there"
+        numbers = "the paper's number"
+        not_cells = (
+            "Failed runs and runs of rows the paper does not have are listed at the end, not in the table "
+            "(`python -m lra.table` without --paper has every row)."
+        )
     text = (
-        f"Each section is one protocol with the settings its runs differ in (its title): a row per {published.title} row with a "
-        "cell there and, per task, our cell beside the paper's number. Our cell: the mean test accuracy of the "
+        "Each section is one protocol with every setting in which its runs depart from the protocol as declared (its "
+        f"`experiment=`) or differ from each other, and the precision where it is not float32 (its title): {rows} and, "
+        f"per task, our cell beside {numbers}. Our cell: the mean test accuracy of the "
         "best-validation checkpoint ± its standard error (over seeds, std / √k, where a cell has k ≥ 2 seeds; else the "
         "binomial error √(p(1 − p)/n) of one run on its n test samples). Bold: the best of a task where it beats the "
         "next row by more than twice the standard error of the difference. † = generated data (the official "
@@ -575,7 +703,7 @@ def legend(published: PaperTable) -> list[str]:
         f"for ListOps, the rows on the paper's side of its split: the paper has {group(learn)} and "
         f"{group(chance)}, and a row is on its side when its mean is ≥ {LISTOPS_SPLIT:g}% for the "
         f"first group, < {LISTOPS_SPLIT:g}% for the second. A task without runs in a section says how to get its data. "
-        "Failed runs and runs of rows the paper does not have are listed at the end, not in the table."
+        f"{not_cells}"
     )
     return textwrap.wrap(text, 105, break_on_hyphens=False)
 
@@ -602,28 +730,32 @@ def left_out_lines(left_out: pd.DataFrame, published: PaperTable) -> list[str]:
     ]
 
 
+def heading(table: Table, title: str | None) -> str:
+    if table.comparison:
+        return f"# {title or 'Comparison'}: LRA test accuracy (%) of each attention, beside {table.published.source}"
+    return f"# {title or table.published.title}: LRA test accuracy (%), ours beside the paper's"
+
+
 def markdown(table: Table, source: str, title: str | None = None) -> str:
-    lines = [
-        f"# {title or table.published.title}: LRA test accuracy (%), ours beside the paper's",
-        "",
-        f"Generated by `python -m lra.table` from {source}.",
-        "",
-        *legend(table.published),
-    ]
+    lines = [heading(table, title), "", f"Generated by `python -m lra.table` from {source}.", "", *legend(table)]
     for section in table.sections:
-        lines += ["", f"## {section.title}", "", *describe_section(section), ""]
-        lines += markdown_table(section_frame(section, MARKDOWN), len(section.rows))
+        lines += ["", f"## {section.title}", "", *describe_section(section, table.speed), ""]
+        lines += markdown_table(section_frame(section, MARKDOWN, table.speed), len(section.rows))
         if section.duplicates:
             lines += ["", "Counted once:", "", *(f"- {text}" for text in section.duplicates)]
     if not table.left_out.empty:
-        lines += ["", "## Not in the table", "", "Failed runs (no finished run of the configuration and seed) and runs of rows"]
-        lines += [f"the paper's {table.published.title} does not have:", "", *left_out_lines(table.left_out, table.published)]
+        lines += ["", "## Not in the table", "", "Failed runs (no finished run of the configuration and seed)"]
+        if not table.comparison:
+            lines[-1] += f" and runs of rows the paper's {table.published.title} does not have"
+        lines[-1] += ":"
+        lines += ["", *left_out_lines(table.left_out, table.published)]
     return "\n".join(lines) + "\n"
 
 
 CELL_COLUMNS = [
     "section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean", "std", "standard_error", "best",
-    "paper", "paper_protocol", "difference", "papers_side", "data_source", "accuracies",
+    "paper", "paper_protocol", "difference", "papers_side", "data_source", "accuracies", "steps_per_s", "peak_memory_mb",
+    "devices",
 ]  # fmt: skip
 
 
@@ -666,7 +798,7 @@ def latex(table: Table) -> str:
         f" the paper and the ListOps rows on the paper's side of {LISTOPS_SPLIT:g}\\%."
     ]
     for section in table.sections:
-        text = section_frame(section, LATEX)
+        text = section_frame(section, LATEX, table.speed)
         text.index = text.index.map(latex_escape)
         text.insert(0, ("Method", ""), text.index)
         tabular = text.to_latex(
@@ -676,7 +808,11 @@ def latex(table: Table) -> str:
         lines.insert(lines.index("\\midrule") + 1 + len(section.rows), "\\midrule")  # between the rows and the agreement
         parts += [f"% {section.title}", "\n".join(lines) + "\n"]
     if not table.left_out.empty:
-        parts += ["% Not in the table (failed runs, rows the paper does not have):"]
+        parts += [
+            "% Not in the table (failed runs):"
+            if table.comparison
+            else "% Not in the table (failed runs, rows the paper does not have):"
+        ]
         parts += [f"% {line[2:]}" for line in left_out_lines(table.left_out, table.published)]
     return "\n".join(parts) + "\n"
 
@@ -748,24 +884,50 @@ def write_all(
     name: str | None = None,
     protocols: list[str] | None = None,
     published: PaperTable = TABLE3,
+    rows: str | tuple[str, ...] = PAPER_ROWS,
+    speed: bool = False,
 ) -> list[Path]:
-    """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default the paper table's) into
-    ``out_dir`` from ``records`` (only those of ``protocols`` if given)."""
+    """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default :func:`default_name`) into
+    ``out_dir`` from ``records`` (only those of ``protocols`` if given), with the rows of :func:`build`."""
     if protocols:
         records = [record for record in records if (record.protocol or {}).get("name") in protocols]
     if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
-    table = build(records, published)
-    name = name or published.name
+    table = build(records, published, rows, speed)
+    if isinstance(rows, tuple):
+        shown = {base_row(label) for section in table.sections for label in section.rows}
+        if missing := [row for row in rows if row not in shown]:
+            having = sorted({base_row(record.row) for record in records if record.status == "finished" and record.row})
+            print(f"note: no finished runs of {', '.join(missing)}; rows with finished runs: {', '.join(having) or 'none'}")
+    default = default_name(published, rows)
+    name = name or default
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")]
-    paths[0].write_text(markdown(table, source, None if name == published.name else name))
+    paths[0].write_text(markdown(table, source, None if name == default else name))
     cells_frame(table).to_csv(paths[1], index=False, float_format="%.4f")
     agreement_frame(table).to_csv(paths[2], index=False, float_format="%.4f")
     paths[3].write_text(latex(table))
     figure(table, paths[4])
     return paths
+
+
+def default_name(published: PaperTable, rows: str | tuple[str, ...]) -> str:
+    """The files' name: the published table's (``table3``) for its own rows, else ``comparison`` (beside Table 3's
+    numbers) or ``comparison_<paper>``."""
+    if rows == PAPER_ROWS:
+        return published.name
+    return COMPARISON if published is TABLE3 else f"{COMPARISON}_{published.name}"
+
+
+def parse_rows(text: str) -> str | tuple[str, ...]:
+    """``--rows``: ``paper``, ``all`` or a comma-separated list of rows (presets or attentions), in the order wanted."""
+    if text in (PAPER_ROWS, ALL_ROWS):
+        return text
+    rows = tuple(row.strip() for row in text.split(",") if row.strip())
+    if not rows:
+        raise argparse.ArgumentTypeError(f"expected {PAPER_ROWS}, {ALL_ROWS} or rows separated by commas, got {text!r}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -798,16 +960,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--paper",
         choices=sorted(TABLES),
-        default=TABLE3.name,
-        help="the published table: table3 (the YOSO paper's Table 3) or lra_table1 (the LRA paper's Table 1)",
+        help="the published table whose numbers stand beside the cells: table3 (the YOSO paper's Table 3, the default) or "
+        "lra_table1 (the LRA paper's Table 1); given alone, the table as the paper prints it (its rows only): NAME.*",
+    )
+    parser.add_argument(
+        "--rows",
+        type=parse_rows,
+        help="which rows: 'all' (every attention with finished runs, the paper's rows first in its order, then the others "
+        "by name: comparison.*, the default without --paper), 'paper' (the published table's rows: the default with --paper) "
+        "or rows separated by commas, in the order wanted (e.g. softmax,yoso_32,my_attention)",
+    )
+    parser.add_argument(
+        "--speed", action="store_true", help="also show each cell's training steps per second and peak memory (MB)"
     )
     parser.add_argument(
         "--protocol", nargs="+", metavar="NAME", help="only runs of these protocols (e.g. spt_short); default: every run"
     )
-    parser.add_argument("--name", help="the tables' file name, NAME.{md,csv,tex,png} (default: the --paper's name)")
+    parser.add_argument(
+        "--name", help="the tables' file name, NAME.{md,csv,tex,png} (default: comparison, or the --paper's name for its rows)"
+    )
     args = parser.parse_args(argv)
     runs_dir = args.results / "runs"
-    only = {"name": args.name, "protocols": args.protocol, "published": TABLES[args.paper]}
+    rows = args.rows or (PAPER_ROWS if args.paper else ALL_ROWS)
+    published = TABLES[args.paper or TABLE3.name]
+    only = {"name": args.name, "protocols": args.protocol, "published": published, "rows": rows, "speed": args.speed}
     if args.collect:
         new = collect(find_records(args.runs), runs_dir)
         print(f"{new} new run records in {runs_dir}")

@@ -230,6 +230,7 @@ def defining_config(cfg: DictConfig, stage: str = CLASSIFICATION) -> dict[str, A
     """The settings that determine a run's result (not where it writes or on which device)."""
     defining = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("task", "attention", "model", "pretrain")}
     defining["seed"] = cfg.seed
+    defining["precision"] = results.precision_name(cfg.trainer.precision)  # bf16 changes the numbers (lra/results.py)
     return {**defining, "stage": stage} if stage == PRETRAINING else defining
 
 
@@ -258,6 +259,7 @@ def record_configuration(record: RunRecord, cfg: DictConfig, stage: str) -> None
         pretrain=defining["pretrain"],
         seq_len=defining["task"]["seq_len"],
         data=results.recorded_data(defining["task"]["data"]),
+        precision=defining["precision"],
         config_hash=results.config_hash(defining),
     )
 
@@ -436,8 +438,18 @@ def main(cfg: DictConfig) -> float | None:
     return record.best_val_acc
 
 
-if __name__ == "__main__":
-    if problem := unknown_hparam_overrides(sys.argv[1:]) or renamed_model_overrides(sys.argv[1:]):
+def cli() -> None:
+    """``python -m lra.train`` and ``lra-train``: the overrides Hydra would refuse with its own words are refused
+    first, in one line that names the fix; then the run."""
+    arguments = sys.argv[1:]
+    if problem := config.unknown_attention(arguments):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(1)
+    if problem := unknown_hparam_overrides(arguments) or renamed_model_overrides(arguments):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

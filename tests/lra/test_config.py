@@ -132,3 +132,34 @@ def test_a_row_selects_a_preset_and_may_override_some_of_its_values(tmp_path):
     cfg = composed(f"hydra.searchpath=[file://{tmp_path}]", "attention=yoso_64")
     expected = dict(attention_zoo.presets()["yoso_32"].hparams, num_hashes=64)
     assert cfg.attention.name == "yoso" and OmegaConf.to_container(cfg.attention.hparams) == expected
+
+
+@pytest.mark.parametrize("name", [*attention_zoo.available(), *attention_zoo.presets()])
+def test_every_registered_attention_and_preset_is_an_attention_choice(name):
+    """Issue 36: ``attention=<name>`` for every name attention_zoo lists, with or without a YAML of its own; without
+    one, the attention (or preset) with every hyperparameter at its default (or the preset's value)."""
+    cfg = composed(f"attention={name}")
+    if name in PRESETS:
+        return  # the YAML is the option (test_a_yaml_of_the_same_name_is_the_option)
+    assert cfg.attention.name == attention_zoo.get_class(name).name
+    assert OmegaConf.to_container(cfg.attention.hparams) == dataclasses.asdict(attention_zoo.make_config(name))
+
+
+def test_a_yaml_of_the_same_name_is_the_option():
+    """conf/attention/performer.yaml selects the paper's preset performer_lra: the YAML wins over the registered
+    attention of the same name."""
+    assert composed("attention=performer").attention.hparams == composed("attention=performer_lra").attention.hparams
+    assert composed("attention=performer").attention.hparams != OmegaConf.create(
+        dataclasses.asdict(attention_zoo.make_config("performer"))
+    )
+    assert "performer" in config.attention_rows() and "performer_lra" not in config.attention_rows()
+    assert {"performer_lra", "yoso", "yoso_32"} <= set(config.attention_choices())
+
+
+def test_an_unknown_attention_names_the_closest_choice_and_every_choice():
+    problem = config.unknown_attention(["task=listops", "attention=softmx"])
+    assert problem.startswith("attention=softmx is not an attention; did you mean softmax? The choices: ")
+    assert "yoso_32" in problem and "performer_lra" in problem
+    assert config.unknown_attention(["attention=softmax,yoso"]) is None
+    assert config.unknown_attention(["attention=none,yoso_33"]).startswith("attention=yoso_33 is not an attention; did")
+    assert config.unknown_attention(["attention.hparams.dropout=0.0", "experiment=table3"]) is None

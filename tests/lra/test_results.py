@@ -114,8 +114,22 @@ def test_an_older_record_reads_with_the_settings_added_since_at_their_old_values
         "attention": "softmax",
         "model": {"dim": 64, "positions": "learned"},
         "pretrain": {"objective": "none"},
+        "precision": "32-true",  # every run was float32 before precision was part of a run's identity
     }
     with pytest.raises(ValueError, match="no key"):
         RunRecord.from_dict({"task": "listops", "test_accuracy": 0.5})
     with pytest.raises(KeyError):
         old.update(test_accuracy=0.5)
+
+
+def test_precision_is_part_of_the_config_hash_but_float32_keeps_the_hash_runs_had_before():
+    """Issue 37: a bf16 run is another configuration; a float32 run keeps its committed hash, so it is still found."""
+    defining = defining_config(config.compose(["task.protocol.max_steps=20"]))
+    assert defining["precision"] == "32-true"
+    before = {key: value for key, value in defining.items() if key != "precision"}
+    assert results.config_hash(defining) == results.config_hash(before)
+    bf16 = defining_config(config.compose(["task.protocol.max_steps=20", "trainer.precision=bf16-mixed"]))
+    assert bf16["precision"] == "bf16-mixed" and results.config_hash(bf16) != results.config_hash(defining)
+    short = defining_config(config.compose(["task.protocol.max_steps=20", "trainer.precision=bf16"]))
+    assert results.config_hash(short) == results.config_hash(bf16), "Lightning's short name is the same precision"
+    assert RunRecord(precision="32").configuration()["precision"] == "32-true"

@@ -181,7 +181,8 @@ def test_tasks_without_runs_keep_their_columns_and_say_how_to_get_their_data():
     (rho_row,) = [line for line in table.markdown(result, "test records").splitlines() if line.startswith("| *Spearman")]
     cells = rho_row.split(" | ")
     # ListOps, then Text, Retrieval, Image (downloaded) and Pathfinder (generated), each with the paper's column.
-    assert cells[1] == "– (1 row)" and cells[3] == "no runs; data: `python -m lra.data download text`"
+    assert cells[1] == "needs ≥ 3 rows with the paper's number (1 here)"
+    assert cells[3] == "no runs; data: `python -m lra.data download text`"
     assert cells[5] == "no runs; data: `python -m lra.data download retrieval`"
     assert cells[7] == "no runs; data: `python -m lra.data download image`" and cells[9] == "no runs"
 
@@ -206,7 +207,8 @@ def test_agreement_with_the_paper_the_listops_split_and_spearmans_rho():
     records = [record(row, "listops", 0, mean / 100, hparams={}) for row, mean in LISTOPS_MEANS.items()]
     # Pathfinder, three rows with known ranks: ours 1, 2, 3 against the paper's 1, 3, 2 (none < linformer < reformer).
     ranked = [("none", 0.5), ("reformer", 0.6), ("linformer", 0.7)]
-    records += [record(row, "pathfinder", 0, acc, hparams={}) for row, acc in ranked]
+    pathfinder = table.declared_protocol("smoke", "pathfinder")  # smoke's own Pathfinder protocol: one section with ListOps
+    records += [record(row, "pathfinder", 0, acc, hparams={}, protocol=pathfinder) for row, acc in ranked]
     result = table.build(records)
     (section,) = result.sections
     agreement = section.agreement
@@ -342,9 +344,12 @@ def test_the_lra_table_has_its_rows_in_its_order_with_its_labels_and_each_table_
     (section,) = lra.sections
     assert section.rows == ["softmax", "local", "bigbird"], "LRA's order: Transformer, Local Attention, ..., BigBird"
     text = table.markdown(lra, "test records")
+    legend = " ".join(text.split())
     assert text.startswith("# LRA Table 1: ") and "| Transformer | 35.00 ± 1.51† | 36.37 ‡" not in text
     assert "| Transformer | 35.00 ± 1.51† | 36.37 |" in text and "| Local Attention | 16.00 ± 1.16† | 15.82 |" in text
-    assert "the Long Range Arena paper's Table 1" in text and "Local Attention, Sparse Trans., Linear Trans., Performer" in text
+    assert (
+        "the Long Range Arena paper's Table 1" in legend and "Local Attention, Sparse Trans., Linear Trans., Performer" in legend
+    )
     assert section.agreement.loc["listops", "on_papers_side"] == 3
     # yoso_32 is Table 3's and bigbird LRA's: each table leaves out only the row no published table has.
     assert lra.left_out["row"].tolist() == ["my_attention"]
@@ -372,49 +377,44 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
 
     table.main(args)
     assert sorted(p.name for p in results.iterdir()) == ["runs"], "a plain lra.table never writes into results/"
-    user = (outputs / "table3.md").read_text()
+    user = (outputs / "comparison.md").read_text()
     assert "| softmax | 31.00 ± 0.58† | 37.10‡ |" not in user and "| softmax | 31.00 ± 0.58† | 37.10 | – | 65.02 |" in user
     assert "| yoso-32 | – | 37.25 | – | 63.12 | – | 78.69 | – | 40.21 | 70.00 ± 1.45† | 72.33 |" in user
+    table.main([*args, "--paper", "table3"])
+    assert sorted(p.name for p in results.iterdir()) == ["runs"]
+    assert "| yoso-32 | – | 37.25 |" in (outputs / "table3.md").read_text()
 
-    table.main([*args, "--committed"])
+    table.main([*args, "--committed", "--paper", "table3"])
     first = {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()}
     assert set(first) == {"table3.md", "table3.csv", "table3_agreement.csv", "table3.tex", "table3.png"}
     assert "| softmax |" not in first["table3.md"].decode(), "the committed table holds committed runs only"
-    table.main([*args, "--committed"])
+    table.main([*args, "--committed", "--paper", "table3"])
     assert {p.name: p.read_bytes() for p in results.iterdir() if p.is_file()} == first, "same records, same bytes"
 
     table.main([*args, "--collect"])
     collected = sorted((results / "runs").glob("listops__softmax__smoke__seed*.json"))
     assert len(collected) == 3 and all("best_checkpoint" not in json.loads(p.read_text()) for p in collected)
-    assert "| softmax | 31.00 ± 0.58† | 37.10 | – |" in (results / "table3.md").read_text()
-    frame = pd.read_csv(results / "table3.csv")
+    assert "| softmax | 31.00 ± 0.58† | 37.10 | – |" in (results / "comparison.md").read_text()
+    frame = pd.read_csv(results / "comparison.csv")
     assert list(frame.columns[:8]) == ["section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean"]
 
 
 def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(tmp_path):
     shutil.copytree(REPO / "results" / "runs", tmp_path / "results" / "runs")
-    subprocess.run(
-        [sys.executable, "-m", "lra.table", "--committed"],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    subprocess.run(
-        [sys.executable, "-m", "lra.table", "--committed", "--protocol", "spt_short", "--name", "spt"],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    subprocess.run(
-        [sys.executable, "-m", "lra.table", "--committed", "--paper", "lra_table1"],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    names = ("table3", "spt", "lra_table1")
+    for arguments in (
+        [],
+        ["--paper", "table3"],
+        ["--paper", "table3", "--protocol", "spt_short", "--name", "spt"],
+        ["--paper", "lra_table1"],
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "lra.table", "--committed", *arguments],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    names = ("comparison", "table3", "spt", "lra_table1")
     for name in [f"{name}{suffix}" for name in names for suffix in (".md", ".csv", "_agreement.csv", ".tex")]:
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
@@ -427,7 +427,7 @@ def test_table_from_real_runs(tmp_path, run_train):
         [sys.executable, "-m", "lra.table"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert process.returncode == 0, process.stderr
-    text = (tmp_path / "outputs" / "table3.md").read_text()
+    text = (tmp_path / "outputs" / "comparison.md").read_text()
     assert "## smoke" in text and "| softmax |" in text and "| none |" in text
     assert not (tmp_path / "results").exists()
     process = subprocess.run(
@@ -435,7 +435,7 @@ def test_table_from_real_runs(tmp_path, run_train):
     )
     assert process.returncode == 0, process.stderr
     assert len(list((tmp_path / "results" / "runs").glob("listops__*__smoke__seed0__*.json"))) == 2
-    assert "| softmax |" in (tmp_path / "results" / "table3.md").read_text()
+    assert "| softmax |" in (tmp_path / "results" / "comparison.md").read_text()
 
 
 def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections():
@@ -489,3 +489,96 @@ def test_one_protocols_table_under_its_own_name(tmp_path):
     text = (tmp_path / "out" / "spt.md").read_text()
     assert "## spt_short" in text and "yoso-32" in text.lower() and "smoke" not in text
     assert not (tmp_path / "out" / "table3.md").exists()
+
+
+def test_the_comparison_table_has_every_attention_with_runs_the_papers_rows_first_and_a_dash_for_no_number():
+    """Issue 36: a new attention's runs are a row, beside the paper's rows and the LRA leaderboard's, never left out."""
+    records = [
+        record(row, "listops", 0, acc)
+        for row, acc in [("cosine", 0.30), ("bigbird", 0.33), ("yoso_32", 0.34), ("local", 0.16), ("softmax", 0.35)]
+    ]
+    records.append(record("cosine", "listops", 1, None, status="failed"))
+    result = table.build(records, rows=table.ALL_ROWS)
+    (section,) = result.sections
+    assert section.rows == ["softmax", "yoso_32", "bigbird", "cosine", "local"], "Table 3's order, then the others by name"
+    assert result.left_out["row"].tolist() == ["cosine"] and "failed" in result.left_out["why"].iloc[0], "only the failure"
+    text = table.markdown(result, "test records")
+    assert text.startswith("# Comparison: LRA test accuracy (%) of each attention, beside the YOSO paper's Table 3")
+    assert "| cosine | 30.00 ± 1.45† | – | – | – |" in text and "| yoso-32 | 34.00 ± 1.50† | 37.25 |" in text
+    assert "not a row of the paper" not in text
+    # Agreement only over the rows with the paper's number (softmax, yoso_32): too few for Spearman's rho.
+    assert section.agreement.loc["listops", "rows"] == 2
+    assert "needs ≥ 3 rows with the paper's number (2 here)" in text
+    frame = table.cells_frame(result)
+    assert frame["row"].tolist() == section.rows and frame.set_index("row")["paper"].isna().tolist() == [False] * 2 + [True] * 3
+    assert "cosine" in table.latex(result) and "Not in the table (failed runs):" in table.latex(result)
+    # --rows picks and orders; the published table is the paper's rows only, the others named once at the end.
+    picked = table.build(records, rows=("cosine", "softmax"))
+    assert picked.sections[0].rows == ["cosine", "softmax"] and picked.left_out["row"].tolist() == ["cosine"]
+    published = table.build(records)
+    assert published.sections[0].rows == ["softmax", "yoso_32"]
+    assert "the comparison table (python -m lra.table) has every row" in table.markdown(published, "test records")
+
+
+def test_lra_table_without_paper_writes_the_comparison_and_rows_picks_them(tmp_path, capsys):
+    outputs, results = tmp_path / "outputs", tmp_path / "results"
+    write_runs(outputs, [record("cosine", "listops", s, 0.3 + s / 100) for s in range(2)] + [record("none", "listops", 0, 0.17)])
+    args = ["--runs", str(outputs), "--results", str(results), "--out", str(outputs)]
+    table.main(args)
+    assert {p.name for p in outputs.glob("comparison*")} == {
+        f"comparison{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")
+    }
+    assert not results.exists(), "a plain lra.table never writes into results/"
+    text = (outputs / "comparison.md").read_text()
+    assert text.index("| none |") < text.index("| cosine | **30.50 ± 0.50**† | – |")
+    table.main([*args, "--rows", "cosine,missing", "--name", "mine"])
+    assert "note: no finished runs of missing; rows with finished runs: cosine, none" in capsys.readouterr().out
+    assert "| none |" not in (outputs / "mine.md").read_text() and "| cosine |" in (outputs / "mine.md").read_text()
+    table.main([*args, "--paper", "lra_table1", "--rows", "all"])
+    assert "beside the Long Range Arena paper's Table 1" in (outputs / "comparison_lra_table1.md").read_text()
+
+
+def test_speed_and_memory_columns_from_the_records():
+    records = [
+        record("softmax", "listops", seed, 0.3, steps_per_second=sps, peak_memory_mb=mb, device="cpu (2 cores)")
+        for seed, sps, mb in [(0, 2.0, 700.0), (1, 3.0, 900.0)]
+    ]
+    records.append(record("none", "listops", 0, 0.17))  # recorded neither
+    result = table.build(records, rows=table.ALL_ROWS, speed=True)
+    text = table.markdown(result, "test records")
+    assert "| model | ListOps | paper‡ | steps/s | MB | Text |" in text
+    assert "| softmax | **30.00 ± 0.00**† | 37.10 | 2.50 | 800 |" in text and "| none | 17.00 ± 1.19† | 19.20 | – | – |" in text
+    assert "on cpu (2 cores); not recorded: compare them only between runs of one machine" in text
+    frame = table.cells_frame(result).set_index("row")
+    assert frame.loc["softmax", ["steps_per_s", "peak_memory_mb"]].tolist() == [2.5, 800.0]
+    assert "steps/s" not in table.markdown(table.build(records, rows=table.ALL_ROWS), "test records"), "optional"
+
+
+def test_a_lone_shortened_run_names_its_budget_and_sections_follow_the_numbers():
+    """Issue 36: a title names every setting in which its runs depart from the protocol as declared, even where
+    nothing else in the section differs; the values as asked, not the shortened run's fitted warmup and interval."""
+    fitted = {**SMOKE, "max_steps": 20, "warmup_steps": 2, "val_check_interval": 20}
+    adjusted = {"warmup_steps": {"from": 40, "to": 2, "why": "..."}, "val_check_interval": {"from": 50, "to": 20, "why": "..."}}
+    lone = table.build([record("softmax", "listops", 0, 0.2, protocol=fitted, adjusted=adjusted)])
+    assert [s.title for s in lone.sections] == ["smoke, protocol.max_steps=20"]
+    assert [s.title for s in table.build([record("softmax", "listops", 0, 0.2)]).sections] == ["smoke"], "as declared"
+    steps = [5, 60, 400, 10, 12, 30]
+    shortened = table.build([record("softmax", "listops", 0, 0.2, protocol={**SMOKE, "max_steps": n}) for n in steps])
+    assert [s.title for s in shortened.sections] == [f"smoke, protocol.max_steps={n}" for n in sorted(steps)]
+    # A protocol that no experiment declares (named on the command line) has nothing to depart from.
+    assert [
+        s.title for s in table.build([record("softmax", "listops", 0, 0.2, protocol={**SMOKE, "name": "mine"})]).sections
+    ] == ["mine"]
+
+
+def test_precision_is_part_of_a_cells_identity_and_its_title():
+    """Issue 37: a float32 and a bf16-mixed run of the same settings are two cells, never one configuration's latest."""
+    bf16 = record("softmax", "listops", 0, 0.25, precision="bf16-mixed", finished_at="2026-02-01T00:00:00")
+    float32 = record("softmax", "listops", 0, 0.30, precision="32-true")
+    older = record("softmax", "listops", 1, 0.32)  # written before precision was recorded: float32, as runs were then
+    result = table.build([float32, bf16, older])
+    assert [s.title for s in result.sections] == ["smoke, precision=32-true", "smoke, precision=bf16-mixed"]
+    assert only(result.sections, "smoke, precision=32-true").cell("softmax", "listops")["seeds"] == [0, 1]
+    assert not any(s.duplicates for s in result.sections)
+    assert [s.title for s in table.build([bf16]).sections] == ["smoke, precision=bf16-mixed"], "a lone bf16 run says so"
+    assert [s.title for s in table.build([float32, older]).sections] == ["smoke"]
