@@ -6,7 +6,7 @@ task's paper model and length (``python -m lra.train task=<task> experiment=pape
 of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, each at its protocol's batch, learning
 rate and schedule), or at the lengths ``--seq-len`` gives::
 
-    python -m lra.bench train [--tasks listops text ...] [--attentions none softmax yoso_32 ...] [--seq-len paper 8192 ...]
+    python -m lra.bench train [--tasks listops text ...] [--attentions none,softmax,yoso_32 ...] [--seq-len paper 8192 ...]
         [--steps 3] [--warmup 1] [--precision 32|bf16-mixed] [--compile] [--batch N] [--device cpu|cuda] [--out results]
 
 The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.train``'s module: the
@@ -31,7 +31,13 @@ Nothing is downloaded.
 
 Time: the median (and standard deviation) of ``--steps`` timed steps, after ``--warmup`` warm-up steps, one untimed
 step for memory and :func:`~lra.bench.measure.time_calls`' own warm-up step, the device synchronised after each;
-samples per second = batch / step time. Memory: the peak of the untimed step above what was in use before the module
+samples per second = batch / step time. Noise, honestly reported: a cell whose timed steps spread more than
+:data:`SPREAD_BOUND` of their median, (max - min) / median, is measured again (module built afresh), up to
+:data:`MAX_ATTEMPTS` times in all (both in ``--help``); the steadiest attempt is kept (``spread``, ``attempts``),
+and ``noisy`` is True when it still spreads more, which the printed line and the figure show too. A load that slows
+every step of a cell alike does not spread them, so it is not caught: compare reruns for that.
+
+Memory: the peak of the untimed step above what was in use before the module
 was built (weights, gradients, AdamW's state, activations, temporaries; on a CPU the process's resident set, measured
 apart from the timed steps because the meter slows them, :class:`~lra.bench.measure.MemoryMeter`), under an
 address-space limit on a CPU as ``lra.bench efficiency``. ``ratio_to_none``: a row's step time over the ``none`` row's
@@ -99,6 +105,9 @@ FIELDS = [
     "padding",
     "step_ms",
     "step_ms_std",
+    "spread",
+    "attempts",
+    "noisy",
     "samples_per_s",
     "ratio_to_none",
     "memory_mb",
@@ -118,7 +127,24 @@ FIELDS = [
 # A row's identity: a later run of the same cell replaces it, every other row of the file is kept.
 VARIANT = ("precision", "compiled")
 CELL = ("task", "seq_len", "attention", "data_loading", *VARIANT)
-NUMBERS = ("seq_len", "inputs", "batch", "padding", "step_ms", "step_ms_std", "samples_per_s", "memory_mb", "compile_s")
+NUMBERS = (
+    "seq_len",
+    "inputs",
+    "batch",
+    "padding",
+    "step_ms",
+    "step_ms_std",
+    "spread",
+    "attempts",
+    "samples_per_s",
+    "memory_mb",
+    "compile_s",
+)
+FLAGS = ("data_loading", "compiled", "noisy")
+#: A cell is steady when its timed steps' relative spread, (max - min) / median, is at most this; otherwise it is
+#: measured again, up to MAX_ATTEMPTS times in all, and marked noisy if no attempt is steady (see steadiest()).
+SPREAD_BOUND = 0.10
+MAX_ATTEMPTS = 3
 
 
 def cell_key(row: dict[str, Any]) -> tuple[str, ...]:
@@ -136,8 +162,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             value = row.get(field, "")
             if value != "":
                 row[field] = int(value) if value.lstrip("-").isdigit() else float(value)
-        for field in ("data_loading", "compiled"):
-            row[field] = row.get(field) == "True"
+        for field in FLAGS:
+            row[field] = {"True": True, "False": False}.get(row.get(field) or "", "")  # "": not measured, or an older file
     return rows
 
 
@@ -148,6 +174,34 @@ def merge(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
             rows[index] = row
             return
     rows.append(row)
+
+
+def relative_spread(times: list[float]) -> float:
+    """(max - min) / median of a cell's timed steps: 0 for a single step, which cannot show its spread."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def steadiest(attempts: list[list[float]]) -> tuple[int, bool]:
+    """``(index, noisy)``: which attempt's step times a cell keeps, and whether it is noisy.
+
+    The attempt with the smallest relative spread (ties: the faster median) is kept; the cell is noisy when even that
+    one spreads more than :data:`SPREAD_BOUND`.
+    """
+    index = min(range(len(attempts)), key=lambda i: (relative_spread(attempts[i]), statistics.median(attempts[i])))
+    return index, relative_spread(attempts[index]) > SPREAD_BOUND
+
+
+def measure_until_steady(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Call ``measure()`` (a cell's measurement, its step times under ``"times"``) until its steps are steady, at most
+    :data:`MAX_ATTEMPTS` times; the steadiest attempt's result, with ``spread``, ``attempts`` and ``noisy``."""
+    results = []
+    while len(results) < MAX_ATTEMPTS:
+        results.append(measure())
+        if relative_spread(results[-1]["times"]) <= SPREAD_BOUND:
+            break
+    index, noisy = steadiest([result["times"] for result in results])
+    kept = results[index]
+    return {**kept, "spread": round(relative_spread(kept["times"]), 3), "attempts": len(results), "noisy": noisy}
 
 
 class Unavailable(Exception):
@@ -313,6 +367,7 @@ def measure_cell(
     times = time_calls(lambda: step(next_batch()), device, args.steps)
     step_ms = round(statistics.median(times), 2)  # samples_per_s derives from the written figure so a row agrees with itself
     return {
+        "times": times,
         "step_ms": step_ms,
         "step_ms_std": round(statistics.stdev(times), 2) if len(times) > 1 else 0.0,
         "samples_per_s": round(batch / step_ms * 1e3, 3),
@@ -329,7 +384,8 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
         with ExitStack() as stack:
             stack.enter_context(address_space_limit(args.memory_limit_mb if device.type == "cpu" else None))
             if row["data_loading"]:
-                batches = args.warmup + args.steps + 3 + args.compile  # every step of the cell, and padding_share's
+                # every step of the cell's attempts, and padding_share's
+                batches = MAX_ATTEMPTS * (args.warmup + args.steps + 2 + args.compile) + 1
                 next_batch, row["data_source"] = stack.enter_context(loaded_batches(cfg, seq_len, batch, batches, device))
             else:
                 tensors = {
@@ -339,7 +395,9 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
                 row["data_source"] = "random"
                 next_batch = itertools.repeat(tensors).__next__  # the same batch every step
             row["padding"] = round(padding_share(next_batch()), 3)
-            row.update(measure_cell(cfg, entry, seq_len, batch, next_batch, args))
+            measured = measure_until_steady(lambda: measure_cell(cfg, entry, seq_len, batch, next_batch, args))
+            del measured["times"]
+            row.update(measured)
     except Unavailable as reason:
         row.update(status="skipped", error=str(reason))
     except Exception as error:
@@ -412,6 +470,9 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "padding": "",
             "step_ms": "",
             "step_ms_std": "",
+            "spread": "",
+            "attempts": "",
+            "noisy": "",
             "samples_per_s": "",
             "memory_mb": "",
             "compile_s": "",
@@ -426,7 +487,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
         if not args.quiet:
             progress.write(
                 f"{label:<44} batch={row['batch']:<4} {row['step_ms']!s:>10} ms/step {row['samples_per_s']!s:>9} samples/s "
-                f"x{row['ratio_to_none']!s:<6} {row['memory_mb']!s:>8} MB {row['status']} {row['error']}"
+                f"x{row['ratio_to_none']!s:<6} {row['memory_mb']!s:>8} MB {row['status']}{noise_note(row)} {row['error']}"
             )
         write_csv(rows, path, FIELDS)
     threads = f", {common['threads']} threads" if common["threads"] else ""
@@ -434,6 +495,13 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
     plot(rows, path.with_suffix(".png"), title)
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return rows
+
+
+def noise_note(row: dict[str, Any]) -> str:
+    """What the printed line and the figure say of a row whose steps stayed noisy (empty otherwise)."""
+    if row.get("noisy") is not True:
+        return ""
+    return f" NOISY (steps spread {row['spread']:.0%} > {SPREAD_BOUND:.0%} in all {row['attempts']} attempts)"
 
 
 def label(row: dict[str, Any]) -> str:
@@ -469,6 +537,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         memory_axis.barh(labels, memory, color=colors)
         for index, (row, ok) in enumerate(zip(lines, measured, strict=True)):
             note = f" x{row['ratio_to_none']}" if ok and row["ratio_to_none"] != "" else ("" if ok else f" {row['status']}")
+            note += " noisy" if row.get("noisy") is True else ""
             time_axis.text(times[index], index, note, va="center", fontsize=7)
         batch = lines[0]["batch"]
         time_axis.set(xlabel="training step (s)", title=f"{task}, n = {seq_len}, batch {batch}")
@@ -490,18 +559,37 @@ def sequence_length(value: str) -> str:
     return value
 
 
+def listed(values: list[str]) -> list[str]:
+    """The items of a list option given as ``a b``, ``a,b`` or both (``a,b c``), in order, without repeats."""
+    return list(dict.fromkeys(item for value in values for item in value.split(",") if item))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lra.bench train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="tasks to run (default: all five)")
-    parser.add_argument("--attentions", nargs="+", default=None, help="rows to run (default: all); see --list")
+    parser = argparse.ArgumentParser(
+        prog="python -m lra.bench train",
+        description=__doc__.split("\n\n")[0],
+        epilog=(
+            f"Noise: a cell whose timed steps spread more than {SPREAD_BOUND:.0%} of their median ((max - min) / median) "
+            f"is measured again, up to {MAX_ATTEMPTS} times in all; the steadiest attempt is kept, and marked noisy "
+            "(the CSV's noisy column, the printed line, the figure) if it still spreads more. Lists take spaces or commas."
+        ),
+    )
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), help=f"tasks to run: {', '.join(TASKS)} (default: all)")
+    parser.add_argument(
+        "--attentions", nargs="+", default=None, help="rows to run, e.g. none softmax or none,softmax (default: all); see --list"
+    )
     parser.add_argument(
         "--seq-len",
         nargs="+",
-        type=sequence_length,
         default=[PAPER],
         help=f"lengths per task: '{PAPER}' (the task's own, the default) and/or any n, e.g. --seq-len {PAPER} 8192",
     )
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per cell (default 3)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help=f"timed steps per cell (default 3); their spread decides a repeat (bound {SPREAD_BOUND:.0%}%, see below)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps before them (default 1)")
     parser.add_argument("--batch", type=int, default=None, help="the batch of every task (default: each task's protocol)")
     parser.add_argument(
@@ -525,6 +613,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.tasks = listed(args.tasks)
+    unknown_tasks = [task for task in args.tasks if task not in TASKS]
+    if unknown_tasks:
+        parser.error(f"unknown task(s) {unknown_tasks}; available: {', '.join(TASKS)}")
+    try:
+        args.seq_len = [sequence_length(value) for value in listed(args.seq_len)]
+    except argparse.ArgumentTypeError as error:
+        parser.error(f"argument --seq-len: {error}")
+    if args.attentions:
+        args.attentions = listed(args.attentions)
     rows = set(config.attention_rows())
     selected = [entry for entry in entries() if entry.row in rows]
     if args.list:

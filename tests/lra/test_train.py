@@ -162,11 +162,24 @@ def test_missing_release_folder_is_a_clear_error(tmp_path, run_train):
 
 @pytest.mark.slow
 def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
-    for extra in ((), ("attention.hparams.dropout=0.2",)):
-        process = run_train("attention=sofmax", *extra, check=False)
-        assert process.returncode != 0
-        assert "attention/sofmax" in process.stderr and "Traceback" not in process.stderr
-        assert "softmax" in process.stderr and "none" in process.stderr
+    for flags, extra in (((), ()), ((), ("attention.hparams.dropout=0.2",)), (("-m",), ("attention=none,sofmax",))):
+        process = run_train("attention=sofmax", *extra, flags=flags, check=False)
+        assert process.returncode == 1
+        (line,) = process.stderr.strip().splitlines()
+        assert line.startswith("error: attention=sofmax is not an attention; did you mean softmax? The choices: ")
+        assert "none" in line and "yoso_32" in line and "search path" not in line.lower()
+    assert not (tmp_path / "outputs").exists(), "nothing ran"
+
+
+@pytest.mark.slow
+def test_a_registered_attention_or_preset_without_a_yaml_trains_as_its_row(tmp_path, run_train):
+    """Issue 36: ``attention=yoso`` (registered, no YAML) and ``attention=performer_lra`` (a preset whose row YAML
+    has another name) train, each in its own folder and as its own row."""
+    run_train("attention=yoso,performer_lra", flags=["-m"])
+    for name, attention in (("yoso", "yoso"), ("performer_lra", "performer")):
+        (path,) = (tmp_path / "outputs" / "listops" / name).glob("*/results.json")
+        record = json.loads(path.read_text())
+        assert (record["status"], record["row"], record["attention"]) == ("finished", name, attention)
 
 
 @pytest.mark.slow
