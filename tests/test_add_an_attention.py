@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "lra"))
+from tiny_listops import TINY  # noqa: E402
+
 CONTRACT = [
     "tests/attention_zoo",
     "tests/lra/test_every_attention_trains.py",
@@ -28,6 +31,14 @@ CONTRACT = [
     "tests/lra/test_config.py",
 ]
 NEW = "my_attention"
+
+
+def readme_commands(section: str) -> list[str]:
+    """The commands of a README section's bash blocks, in order."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", body, flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def readme_blocks(section: str) -> dict[str, str]:
@@ -84,3 +95,34 @@ def test_an_attention_added_as_the_readme_says_passes_every_contract_test(tmp_pa
             not_passed.append(case.get("name"))
     assert not_passed == [], "skipped for the new attention"
     assert [test for test in contract if not passed[test]] == [], "contract tests with no passing case for the new attention"
+
+
+def test_the_readmes_contract_test_command_runs_every_contract_test_on_the_new_attention():
+    (command,) = [command for command in readme_commands("Add an attention") if command.startswith("pytest")]
+    args = command.split()
+    assert args[args.index("-k") + 1] == NEW and [arg for arg in args if arg.startswith("tests/")] == CONTRACT
+
+
+@pytest.mark.slow
+def test_an_attention_added_as_the_readme_says_trains_into_the_comparison_table(tmp_path):
+    """Issue 36: the README's example attention, added and trained as the section says (on a tiny ListOps), is a
+    row of ``python -m lra.table``'s table with a number, and the table leaves the committed results alone."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("attention_zoo", "lra", "results"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=ignore)
+    for path, block in readme_blocks("Add an attention").items():
+        (tmp_path / path).write_text(block)
+    committed = {path: path.read_bytes() for path in (tmp_path / "results").rglob("*") if path.is_file()}
+
+    commands = [command for command in readme_commands("Add an attention") if command.startswith("python -m")]
+    assert [command.split()[2] for command in commands] == ["lra.train", "lra.table"]
+    for command in commands:
+        args = command.split()[1:] + (TINY if "lra.train" in command else [])
+        process = run(args, tmp_path)
+        assert process.returncode == 0, f"{command}:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}"
+
+    text = (tmp_path / "outputs" / "comparison.md").read_text()
+    for row in (NEW, f"{NEW}_pooled", "softmax", "yoso-32"):
+        assert re.search(rf"^\| {row} \| (\*\*)?\d+\.\d\d ± \d+\.\d\d", text, flags=re.M), f"no row {row} with a number"
+    assert "Not in the table" not in text, "every run that finished is a row"
+    assert {path: path.read_bytes() for path in (tmp_path / "results").rglob("*") if path.is_file()} == committed

@@ -132,6 +132,11 @@ RULES = [
         why="needs the wandb package, which is not a dependency: its config only",
     ),
     Rule(r"^python -m lra\.train .*--cfg", why="composes the config only"),
+    Rule(
+        r"\bmy_attention\b",
+        not_run="the README's example attention exists only in the copy of the project that "
+        "tests/test_add_an_attention.py makes, which runs this command",
+    ),
     Rule(r"^python -m lra\.train -m ", append=CFG_JOB, why="a sweep: its first cell's config, every value composed"),
     Rule(
         r"^python -m lra\.train\b",
