@@ -1,23 +1,29 @@
-"""A published table from the runs' records, beside the paper's: ``python -m lra.table [--paper NAME]``.
+"""The runs' records as a table beside a paper's: ``python -m lra.table [--rows ROWS] [--paper NAME] [--speed]``.
 
-The tables (:data:`lra.paper.TABLES`): ``table3``, Table 3 of the YOSO paper (the default), and
-``lra_table1``, Table 1 of the LRA paper, each in its paper's row order and labels; the rules below
-are the same for both ("the paper" is the table's). Reads every ``results.json`` under the output
+Which rows: by default (``--rows all``) the comparison table, ``comparison.*``: a row per attention
+(registered name or preset, as ``attention=`` named it) with finished runs, Table 3's rows first in
+its order, then the others by name, so an attention a user just added and trained is a row beside
+the paper's. ``--rows a,b,c`` picks rows and orders them. ``--paper NAME`` alone writes a published
+table (:data:`lra.paper.TABLES`) as its paper prints it, its rows only, in its order and labels:
+``table3``, Table 3 of the YOSO paper, and ``lra_table1``, Table 1 of the LRA paper; with ``--rows``
+it names whose numbers stand beside the cells (Table 3's by default). The rules below are the same
+for every table ("the paper" is the table's). Reads every ``results.json`` under the output
 folder (``outputs/``, ``$LRA_OUTPUT_DIR``) and the run records committed under ``results/runs/``, and
 writes ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` into the output folder: the user's
-table, beside the user's runs.
+table, beside the user's runs; nothing is written into ``results/`` unless asked.
 ``--collect`` copies the finished local runs into ``results/runs/`` (one small JSON each, without
 machine-specific paths), and ``--committed`` (implied by ``--collect``) writes ``results/<name>.*``
 from the committed records alone, so the committed table never holds a run that is not committed
-beside it.
+beside it. ``--speed`` adds each cell's training steps per second and peak memory, from the records.
 
 What the table shows: one section per protocol (and per setting in which that protocol's runs
-differ), with a row per Table 3 row that has a cell there and, for each of the paper's five tasks,
-our cell beside the paper's number. Under the rows, per task, how the section agrees with the
-paper: Spearman's rank correlation of our row means with the paper's column and, for ListOps, how
-many rows fall on the paper's side of its split (both papers have every row at 34-37% or 16-19%). A
-task with no cell in the section keeps its columns (the paper's numbers) and says how to get its
-data. Runs that are not cells (failed runs, rows the paper does not have) are listed once at the end.
+depart from it as declared or differ), with a row per row that has a cell there and, for each of the
+paper's five tasks, our cell beside the paper's number ("–" where the paper has no such row). Under the
+rows, per task, how the section agrees with the paper: Spearman's rank correlation of our row means
+with the paper's column and, for ListOps, how many rows fall on the paper's side of its split (both
+papers have every row at 34-37% or 16-19%). A task with no cell in the section keeps its columns (the
+paper's numbers) and says how to get its data. Runs that are not cells (failed runs; in a published
+table, rows the paper does not have) are listed once at the end.
 
 Rules (each in one place below):
 
@@ -33,8 +39,12 @@ Rules (each in one place below):
   Pretraining runs are not cells; the fine-tuning runs that start from them are.
 * Runs that differ otherwise are never averaged: a section is one protocol (its ``name``) with the
   values of every setting that differs between the protocol's cells of a task (``protocol.max_steps=20``),
-  and within a section, runs of one row that still differ (a preset changed, another data source)
-  are separate rows labelled by what differs. A section exists only where it has cells.
+  of every protocol setting in which its runs depart from the protocol as its experiment declares it
+  (:func:`departures`: a lone 20-step run is titled ``protocol.max_steps=20``), and the precision where
+  it is not float32 (precision is part of the configuration: float32 and bf16 runs never pool). Within
+  a section, runs of one row that still differ (a preset changed, another data source) are separate
+  rows labelled by what differs. A section exists only where it has cells; sections follow the
+  numeric order of their settings (:func:`natural_order`).
 * A cell shows the mean test accuracy (%) and its standard error: over seeds (std / sqrt(k)) where it
   has k >= 2 seeds, else the binomial standard error of one accuracy on its n test samples,
   sqrt(p (1 - p) / n). The best mean of a task is bold only when it beats the next row by more than
@@ -47,9 +57,9 @@ Rules (each in one place below):
   Spearman's rho with ties at their average rank, from 3 rows up; the ListOps split at
   ``LISTOPS_SPLIT`` (28%): a row is on the paper's side when its mean is on the same side of 28% as
   the paper's number.
-* Failed runs of a configuration and seed with no finished run, and runs of a row that is in no
-  published table (``lra/paper.py``), are not cells: they are listed once, at the end. A row of the
-  other table only is left out without a word: it is that table's.
+* Failed runs of a configuration and seed with no finished run are not cells: they are listed once,
+  at the end. So are, in a published table (``--paper`` alone), runs of a row that is in no published
+  table (``lra/paper.py``); a row of the other table only is left out without a word: it is that table's.
 
 Writing twice from the same records gives the same files.
 """
