@@ -36,7 +36,8 @@ ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): 
 # * trainer.precision is in (as "precision"): bf16 autocast changes every number a step computes;
 # * trainer.accelerator, trainer.devices, trainer.num_nodes, trainer.strategy: where the same arithmetic runs. The
 #   protocol's batch is the total over the processes, so DDP computes the single process's step to float rounding
-#   (tests/lra/test_slurm.py, the DDP tests); a GPU's kernels compute the CPU's to rounding (yoso_cuda's checks);
+#   where nothing is random (the DDP tests) and draws dropout from other streams otherwise, like another seed's
+#   draws; a GPU's kernels compute the CPU's to rounding (python -m yoso_cuda --check);
 # * trainer.compile: Inductor computes the eager step to rounding; only the random stream differs, like a seed's
 #   draws, and a compiled run is reproducible from its seed (tests/lra/test_compile.py);
 # * trainer.enable_progress_bar, logger, callbacks, num_workers, paths, rerun: what is shown, written, or where,
