@@ -198,6 +198,12 @@ def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:
     return target
 
 
+def last_checkpoint(cfg: DictConfig) -> Path:
+    """Where a run keeps its state after its latest evaluation (``callbacks.latest``) or at the step an interrupt
+    stopped it (``callbacks.on_interrupt``): where the run resumes."""
+    return Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+
+
 def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path) -> RunRecord | None:
     """The finished run of ``record``'s configuration this run is skipped for, committed or in ``output_dir``; or
     None to train (with ``rerun=true``, after moving the earlier run's files to ``history/``)."""
@@ -280,10 +286,10 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
         attention_zoo.make_config(cfg.attention.name, **OmegaConf.to_container(cfg.attention.hparams, resolve=True))
     )
     previous = results.read(output_dir / results.RESULTS_FILE)
-    last_checkpoint = Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+    last = last_checkpoint(cfg)
     resume_from = None
-    if previous is not None and previous.config_hash == record.config_hash and last_checkpoint.is_file():
-        resume_from = record.resumed_from = str(last_checkpoint)
+    if previous is not None and previous.config_hash == record.config_hash and last.is_file():
+        resume_from = record.resumed_from = str(last)
         log.info("Resuming the interrupted run from %s", resume_from)
     world_size = processes(cfg.trainer)
     if cfg.task.protocol.batch_size % world_size:
@@ -321,9 +327,7 @@ def recorded(record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig) ->
         raise RunFailed(record) from error
     except BaseException as error:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
         record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
-        log.error(
-            "Interrupted: running the same command again resumes from %s", Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
-        )
+        log.error("Interrupted: running the same command again resumes from %s", last_checkpoint(cfg))
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())

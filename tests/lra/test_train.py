@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import kill_at_step
 import pandas as pd
 import pytest
 import torch
@@ -95,6 +96,26 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
     assert json.loads((archived / "record.json").read_text()) == first
     assert Path(first["best_checkpoint"]).name in [p.name for p in (archived / "checkpoints").iterdir()]
     assert (archived / "metrics" / "metrics.csv").is_file() and Path(second["best_checkpoint"]).is_file()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_latest_evaluation_not_its_best(tmp_path, run_train):
+    """``last.ckpt`` held the best step's state, so a run killed after evaluating at 3, 6 and 9 resumed at 3 and
+    trained 6 steps again. A learning rate too small to change any prediction keeps the best at step 3."""
+    extra = ("task.protocol.max_steps=15", "task.protocol.lr=1e-9", kill_at_step.OVERRIDE)
+    killed = run_train(*extra, check=False, env=kill_at_step.environment(kill_at_step=9))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    (path,) = results_files(tmp_path)
+    checkpoints = path.parent / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 9
+    assert [p.name for p in checkpoints.glob("best-*.ckpt")] == ["best-step3.ckpt"]
+
+    resumed = run_train(*extra, env=kill_at_step.environment())
+    assert f"Resuming the interrupted run from {checkpoints / 'last.ckpt'}" in resumed.stderr
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished" and record["steps"] == 15 and record["best_val_step"] == 3
+    assert train_log_evaluations(path.parent) == [3, 6, 9, 12, 15], "resumed at 9: no evaluation twice"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 15
 
 
 @pytest.mark.slow
@@ -378,10 +399,13 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
     assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [24, 49, 74, 99]
 
 
-def test_every_run_saves_last_ckpt_on_an_interruption_where_it_resumes():
+def test_every_run_saves_last_ckpt_at_each_evaluation_and_on_an_interruption_where_it_resumes():
     callbacks = OmegaConf.to_container(config.compose().callbacks, resolve=False)
     (on_interrupt,) = (node for node in callbacks.values() if node["_target_"] == "lra.callbacks.CheckpointOnInterrupt")
     assert on_interrupt["filename"] == "last" and on_interrupt["dirpath"] == callbacks["checkpoint"]["dirpath"]
+    latest = callbacks["latest"]
+    assert latest["filename"] == "last" and latest["dirpath"] == callbacks["checkpoint"]["dirpath"]
+    assert "monitor" not in latest and not callbacks["checkpoint"].get("save_last"), "last.ckpt: the latest, not the best"
 
 
 def train_log_evaluations_under(outputs):
