@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from . import results
+from . import results, run_lock
 
 LEDGER_ENV = "LRA_SWEEP_LEDGER"
 
@@ -69,6 +69,8 @@ def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
         name += f" / pretrain {objective}" if objective != "none" else ""
         if status == "finished":
             detail = f"test acc {record.test_acc:.4f}"
+        elif status == "running" and (holder := run_lock.holder(folder)):
+            detail = f"in use by another run ({holder})"  # this sweep's job stopped at once (lra/run_lock.py)
         else:
             detail = (record.error or "the job ended without a record; see its train.log").splitlines()[0][:160]
         rows.append((status, name, detail, str(folder)))

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import attention_zoo
 
-from . import config, results
+from . import config, results, run_lock
 from .data.cache import file_sha256
 from .protocol import Protocol
 from .results import CLASSIFICATION, PRETRAINING, RunRecord
@@ -335,6 +335,20 @@ def recorded(record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig) ->
             write()
 
 
+@contextmanager
+def one_process_per_folder(output_dir: Path) -> Iterator[None]:
+    """Hold ``output_dir`` for the run (:mod:`lra.run_lock`): in the process that launches a run, not in the other
+    processes of a distributed one, which Lightning (or SLURM) starts with a rank and which work in the folder the
+    launching process holds."""
+    from pytorch_lightning.utilities.rank_zero import rank_zero_only  # the rank from Lightning's and SLURM's variables
+
+    if rank_zero_only.rank != 0:
+        yield
+        return
+    with run_lock.held(output_dir):
+        yield
+
+
 def pretraining_stage(cfg: DictConfig, row: str | None) -> tuple[DictConfig, Path]:
     """The configuration and folder of the pretraining run that ``cfg``'s fine-tuning starts from.
 
@@ -378,11 +392,10 @@ def run_stage(cfg: DictConfig, output_dir: Path, row: str | None, stage: str, pr
     ``pretrained`` runs the pretraining stage a classification starts from, once it is known to train."""
     from .fit import fit_and_test  # Lightning, the model and the data: only a run that trains pays for importing them
 
-    output_dir.mkdir(parents=True, exist_ok=True)
     record = new_record(cfg, row, stage)
     cell = f"{cfg.task.name} / {record.row} / seed {cfg.seed}"
     cell += f" / pretraining ({cfg.pretrain.objective})" if stage == PRETRAINING else ""
-    with recorded(record, output_dir, cell, cfg) as write:
+    with one_process_per_folder(output_dir), recorded(record, output_dir, cell, cfg) as write:
         cfg, adjusted = checked(cfg, stage)
         record.adjusted = adjusted or None
         record_configuration(record, cfg, stage)
@@ -433,6 +446,12 @@ def main(cfg: DictConfig) -> float | None:
     row = " ".join([hydra_config.runtime.choices["attention"], *sorted(changes)])
     try:
         record = train(cfg, Path(hydra_config.runtime.output_dir), row=row)
+    except run_lock.RunFolderBusy as busy:
+        # Printed, not logged: train.log and results.json are the holder's, and nothing of this process goes there.
+        print(f"error: {busy}", file=sys.stderr, flush=True)
+        if hydra_config.mode == RunMode.MULTIRUN:
+            return None  # the sweep's summary names the holder (lra/sweep.py)
+        sys.exit(1)
     except RunFailed as failure:
         if hydra_config.mode == RunMode.MULTIRUN:
             return None  # recorded; the other cells go on and the sweep's summary reports it

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lra import config
+from lra import config, run_lock
 
 RESULT_KEYS = {
     "task",
@@ -96,6 +97,57 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
     assert json.loads((archived / "record.json").read_text()) == first
     assert Path(first["best_checkpoint"]).name in [p.name for p in (archived / "checkpoints").iterdir()]
     assert (archived / "metrics" / "metrics.csv").is_file() and Path(second["best_checkpoint"]).is_file()
+
+
+@pytest.mark.slow
+def test_a_second_copy_of_a_running_command_stops_at_once_and_a_killed_holder_never_blocks(tmp_path, tiny_overrides):
+    """Two copies of one command trained into one folder: train.log had every evaluation twice, metrics.csv
+    duplicate rows, results.json the second's result. The second copy now stops naming the first; once the
+    first is killed (its lock dies with it, its lock file stays), the same command resumes."""
+    command = [sys.executable, "-m", "lra.train", *tiny_overrides, "task.protocol.max_steps=30"]
+    env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not results_files(tmp_path) and time.monotonic() < deadline:  # written once it holds the folder
+            time.sleep(0.05)
+        os.kill(first.pid, signal.SIGSTOP)  # frozen while it holds the folder: the second copy finds it held
+        (path,) = results_files(tmp_path)
+        record, log_before = path.read_text(), (path.parent / "train.log").read_text()
+
+        second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1
+        (message,) = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        holder = f"(pid {first.pid} on {socket.gethostname()} since "
+        assert message.startswith(f"error: {path.parent} is in use by another run {holder}")
+        assert "Traceback" not in second.stderr and "Resuming" not in second.stderr
+        assert path.read_text() == record and (path.parent / "train.log").read_text() == log_before, "nothing written"
+    finally:
+        first.kill()
+        first.wait()
+
+    third = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert (path.parent / run_lock.LOCK_FILE).is_file(), "the dead holder's file is there and does not block"
+    assert json.loads(path.read_text())["status"] == "finished" and json.loads(path.read_text())["steps"] == 30
+    metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv").dropna(subset=["val/acc"])
+    assert metrics["step"].is_unique
+
+
+@pytest.mark.slow
+def test_a_run_folder_held_by_a_live_process_is_refused_and_a_sweep_names_the_holder(tmp_path, run_train):
+    run_train()
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    record["status"] = "running"  # as a run under way leaves it
+    path.write_text(json.dumps(record))
+    with run_lock.held(path.parent):
+        single = run_train(check=False)
+        sweep = run_train("attention=softmax,none", flags=["-m"], check=False)  # the softmax cell is the held folder
+    assert single.returncode == 1 and f"error: {path.parent} is in use by another run (pid {os.getpid()} on" in single.stderr
+    assert json.loads(path.read_text()) == record
+    assert sweep.returncode == 1 and "Sweep: 2 cells, 1 finished, 1 not finished" in sweep.stdout
+    assert f"in use by another run (pid {os.getpid()} on" in sweep.stdout.split("Sweep: ")[1]
 
 
 @pytest.mark.slow
