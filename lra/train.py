@@ -169,6 +169,24 @@ def renamed_model_overrides(overrides: list[str]) -> str | None:
     return None
 
 
+def finished_elsewhere(cfg: DictConfig, config_hash: str, output_dir: Path) -> Path | None:
+    """The ``results.json`` of a finished run of this configuration in another folder under the output folder: one
+    the same settings, written differently (``seed=0`` spelled out, another sweep's overrides), named otherwise. The
+    hash is looked for in each file's text before the file is parsed, so that a large output folder stays cheap."""
+    root = Path(cfg.paths.output_dir)
+    own = (output_dir / results.RESULTS_FILE).resolve()
+    for path in sorted(root.rglob(results.RESULTS_FILE)) if root.is_dir() else []:
+        try:
+            if config_hash not in path.read_text() or path.resolve() == own:
+                continue
+        except OSError:  # a folder removed while the output folder is walked
+            continue
+        record = results.read(path)
+        if record and record.config_hash == config_hash and record.status == "finished":
+            return path
+    return None
+
+
 def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
     """A finished run of this configuration among the committed records (``paths.runs_dir``, which
     ``lra.table --collect`` fills), so that a sweep resumed in a fresh checkout, whose outputs/ is
@@ -204,32 +222,83 @@ def last_checkpoint(cfg: DictConfig) -> Path:
     return Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
 
 
-def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path) -> RunRecord | None:
-    """The finished run of ``record``'s configuration this run is skipped for, committed or in ``output_dir``; or
-    None to train (with ``rerun=true``, after moving the earlier run's files to ``history/``)."""
+class EarlierRun:
+    """The finished run that a ``rerun=true`` run replaces in its folder. Its files move to ``history/`` as the new
+    run starts, so that the new run writes into a clean folder, and back where they were if the new run fails (or is
+    interrupted) before training a step: a rerun that could not start must not cost the finished run."""
+
+    def __init__(self, output_dir: Path, last: Path) -> None:
+        self.output_dir = output_dir
+        self.last = last  # the new run's last.ckpt: past step 0 once it has trained a step
+        self.archive: Path | None = None  # where the earlier run's files are, once moved
+        self.put_back = False
+
+    def move_to_history(self, previous: RunRecord) -> Path:
+        self.archive = archive_finished_run(self.output_dir, previous)
+        return self.archive
+
+    def trained_a_step(self) -> bool:
+        from .fit import checkpoint_step
+
+        try:
+            return self.last.is_file() and checkpoint_step(self.last) > 0
+        except Exception:  # unreadable (a write cut short): keep what the new run left, the earlier run stays archived
+            return True
+
+    def put_back_unless_trained(self) -> bool:
+        """Put the earlier run's files back where the new run has not trained a step (deleting what the new run wrote
+        before it: a record of its failure, an untrained checkpoint, a metrics header); whether they were put back."""
+        if self.archive is None or self.trained_a_step():
+            return False
+        for name in RUN_FILES:
+            if (self.output_dir / name).is_dir():
+                shutil.rmtree(self.output_dir / name)
+            if (self.archive / name).exists():
+                shutil.move(self.archive / name, self.output_dir / name)
+        os.replace(self.archive / "record.json", self.output_dir / results.RESULTS_FILE)
+        for emptied in (self.archive, self.archive.parent):
+            if not any(emptied.iterdir()):
+                emptied.rmdir()
+        self.put_back = True
+        return True
+
+
+def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path, earlier: EarlierRun) -> RunRecord | None:
+    """The finished run of ``record``'s configuration this run is skipped for, in ``output_dir``, in another folder
+    under the output folder, or committed; or None to train (with ``rerun=true``, after moving a finished run in
+    ``output_dir`` to ``history/``, through ``earlier``)."""
     previous = results.read(output_dir / results.RESULTS_FILE)
-    same_config = previous is not None and previous.config_hash == record.config_hash
-    committed = None if same_config or cfg.rerun else committed_run(cfg, record.config_hash)
-    if committed is not None:
+    if previous is not None and previous.config_hash == record.config_hash and previous.status == "finished":
+        if cfg.rerun:
+            log.info("Rerunning: the earlier run's files moved to %s", earlier.move_to_history(previous))
+            return None
+        log.info(
+            "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it again "
+            "(for example with another logger), which moves the earlier run's files to %s",
+            output_dir / results.RESULTS_FILE,
+            record.config_hash,
+            output_dir / HISTORY,
+        )
+        return previous
+    if cfg.rerun:
+        return None
+    if (elsewhere := finished_elsewhere(cfg, record.config_hash, output_dir)) is not None:
+        log.info(
+            "Skipping: %s holds a finished run of this configuration (%s), the same settings written otherwise; "
+            "add rerun=true to run it again in %s",
+            elsewhere,
+            record.config_hash,
+            output_dir,
+        )
+        return RunRecord.read(elsewhere)
+    if (committed := committed_run(cfg, record.config_hash)) is not None:
         log.info(
             "Skipping: %s holds a finished run of this configuration (%s), committed; add rerun=true to run it again",
             committed,
             record.config_hash,
         )
         return RunRecord.read(committed)
-    if not same_config or previous.status != "finished":
-        return None
-    if cfg.rerun:
-        log.info("Rerunning: the earlier run's files moved to %s", archive_finished_run(output_dir, previous))
-        return None
-    log.info(
-        "Skipping: %s already holds a finished run of this configuration (%s); add rerun=true to run it again "
-        "(for example with another logger), which moves the earlier run's files to %s",
-        output_dir / results.RESULTS_FILE,
-        record.config_hash,
-        output_dir / HISTORY,
-    )
-    return previous
+    return None
 
 
 def defining_config(cfg: DictConfig, stage: str = CLASSIFICATION) -> dict[str, Any]:
@@ -301,18 +370,22 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
 
 
 @contextmanager
-def recorded(record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig) -> Iterator[Callable[[], None]]:
+def recorded(
+    record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig, earlier: EarlierRun
+) -> Iterator[Callable[[], None]]:
     """Run a stage with its record kept in ``results.json``; yields the function that writes it.
 
     Any failure, from a bad setting to an error in training, is recorded (status ``failed``), logged (the
     message on the console, the traceback in train.log) and raised as :class:`RunFailed`. An interrupt is
-    recorded as such, and a record still ``running`` at the end (a skipped run) is not written.
+    recorded as such, and a record still ``running`` at the end (a skipped run) is not written. A rerun that
+    fails or is interrupted before its first step puts the finished run it replaces back instead (``earlier``).
     """
     from pytorch_lightning.utilities.rank_zero import rank_zero_only  # Lightning: only for a run that trains
 
     results_path = output_dir / results.RESULTS_FILE
     write = rank_zero_only(lambda: record.write(results_path))  # one process of a distributed run writes it
     start = time.perf_counter()
+    kept = f"the earlier finished run is back in {output_dir} as it was (rerun=true replaces it once the new run trains a step)"
     try:
         yield write
     except Exception as error:
@@ -320,18 +393,21 @@ def recorded(record: RunRecord, output_dir: Path, cell: str, cfg: DictConfig) ->
         file_log.error("%s failed", cell, exc_info=error)
         log.error("error: %s failed: %s", cell, record.error)
         log.error(
-            "The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); the error is recorded in %s",
+            "The traceback is in %s (HYDRA_FULL_ERROR=1 prints it here); %s",
             output_dir / "train.log",
-            results_path,
+            kept if earlier.put_back_unless_trained() else f"the error is recorded in {results_path}",
         )
         raise RunFailed(record) from error
     except BaseException as error:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
         record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
-        log.error("Interrupted: running the same command again resumes from %s", last_checkpoint(cfg))
+        if earlier.put_back_unless_trained():
+            log.error("Interrupted before the first step: %s", kept)
+        else:
+            log.error("Interrupted: running the same command again resumes from %s", last_checkpoint(cfg))
         raise
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
-        if record.status != "running":
+        if record.status != "running" and not earlier.put_back:
             write()
 
 
@@ -395,11 +471,12 @@ def run_stage(cfg: DictConfig, output_dir: Path, row: str | None, stage: str, pr
     record = new_record(cfg, row, stage)
     cell = f"{cfg.task.name} / {record.row} / seed {cfg.seed}"
     cell += f" / pretraining ({cfg.pretrain.objective})" if stage == PRETRAINING else ""
-    with one_process_per_folder(output_dir), recorded(record, output_dir, cell, cfg) as write:
+    earlier = EarlierRun(output_dir, last_checkpoint(cfg))
+    with one_process_per_folder(output_dir), recorded(record, output_dir, cell, cfg, earlier) as write:
         cfg, adjusted = checked(cfg, stage)
         record.adjusted = adjusted or None
         record_configuration(record, cfg, stage)
-        if (finished := finished_run(cfg, record, output_dir)) is not None:
+        if (finished := finished_run(cfg, record, output_dir, earlier)) is not None:
             return finished
         resume_from, world_size = prepare(cfg, record, output_dir)
         write()

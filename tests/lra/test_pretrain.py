@@ -2,12 +2,13 @@
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from lra import results
+from lra import results, run_lock
 from lra.data.cache import file_sha256
 from lra.module import (
     IGNORED,
@@ -183,3 +184,19 @@ def test_pretrain_then_finetune_end_to_end_and_the_pretraining_is_reused(tmp_pat
     again = run_train("pretrain=mlm", "attention=softmax", "task.protocol.lr=0.002", "pretrain.protocol.lr=0.001")
     assert "Skipping" in again.stdout + again.stderr  # the pretraining run, already finished
     assert json.loads(pretraining.read_text())["finished_at"] == pre["finished_at"]
+
+
+@pytest.mark.slow
+def test_a_pretraining_folder_held_by_another_process_stops_a_fine_tuning_that_keeps_its_finished_run(tmp_path, run_train):
+    """The pretraining stage's folder has the run folder's rule: one process at a time. A fine-tuning rerun that
+    finds it held fails before training a step, so its earlier finished run stays where it was."""
+    run_train("pretrain=mlm")
+    (pretraining,) = (tmp_path / "outputs" / "pretrain" / "listops").glob("softmax-mlm-seed0-*/results.json")
+    (finetuned,) = (tmp_path / "outputs" / "listops" / "softmax").glob("*/results.json")
+    finished, pretrained = finetuned.read_text(), pretraining.read_text()
+    with run_lock.held(pretraining.parent):
+        process = run_train("pretrain=mlm", "rerun=true", check=False)
+    assert process.returncode == 1 and "Traceback" not in process.stderr
+    assert f"RunFolderBusy: {pretraining.parent} is in use by another run (pid {os.getpid()} on" in process.stderr
+    assert finetuned.read_text() == finished and pretraining.read_text() == pretrained
+    assert "the earlier finished run is back in" in process.stderr

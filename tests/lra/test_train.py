@@ -100,6 +100,47 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
 
 
 @pytest.mark.slow
+def test_a_rerun_that_fails_before_its_first_step_leaves_the_finished_run_where_it_was(tmp_path, run_train):
+    """rerun=true moved the finished run to history/ and then failed at start: results.json said failed, checkpoints/
+    was gone. Settings that keep the run's folder and fail before training: a batch that does not divide over the
+    processes (in the run's preparation), and a logger whose package is missing (as the Trainer is built)."""
+    run_train()
+    (path,) = results_files(tmp_path)
+    finished = path.read_text()
+    checkpoints = sorted(p.name for p in (path.parent / "checkpoints").iterdir())
+    failing = [("trainer.devices=3", "does not divide over 3 processes")]
+    if importlib.util.find_spec("wandb") is None:
+        failing.append(("logger=wandb", "the logger (pytorch_lightning.loggers.WandbLogger) needs a package"))
+    for override, message in failing:
+        process = run_train(override, "rerun=true", check=False)
+        assert process.returncode == 1 and message in process.stderr and "Traceback" not in process.stderr
+        assert f"the earlier finished run is back in {path.parent} as it was" in process.stderr
+        assert path.read_text() == finished, override
+        assert sorted(p.name for p in (path.parent / "checkpoints").iterdir()) == checkpoints, override
+        assert not (path.parent / "history").exists(), override
+        assert message in (path.parent / "train.log").read_text(), "the failure's traceback stays in train.log"
+    skipped = run_train()
+    assert "already holds a finished run" in skipped.stderr
+
+
+@pytest.mark.slow
+def test_a_finished_configuration_is_skipped_whatever_its_override_text(tmp_path, run_train):
+    """``seed=0`` spelled out names another folder than the default seed; the configuration is the same."""
+    run_train()
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    spelled_out = run_train("seed=0")
+    assert f"Skipping: {path} holds a finished run of this configuration ({record['config_hash']})" in spelled_out.stderr
+    assert "add rerun=true to run it again in" in spelled_out.stderr
+    assert results_files(tmp_path) == [path] and json.loads(path.read_text()) == record
+    assert "Generating ListOps" not in spelled_out.stderr
+    another = run_train("seed=1")  # another configuration trains
+    assert "Skipping" not in another.stderr and len(results_files(tmp_path)) == 2
+    rerun = run_train("seed=0", "rerun=true")
+    assert "Skipping" not in rerun.stderr and len(results_files(tmp_path)) == 3
+
+
+@pytest.mark.slow
 def test_a_second_copy_of_a_running_command_stops_at_once_and_a_killed_holder_never_blocks(tmp_path, tiny_overrides):
     """Two copies of one command trained into one folder: train.log had every evaluation twice, metrics.csv
     duplicate rows, results.json the second's result. The second copy now stops naming the first; once the
