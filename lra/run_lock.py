@@ -25,6 +25,7 @@ from pathlib import Path
 from . import results
 
 LOCK_FILE = "run.lock"
+UNNAMED = "a process that has not yet written its name"  # the instant between taking the lock and writing the file
 HELD: set[int] = set()  # the descriptors of the locks this process holds
 
 
@@ -40,7 +41,8 @@ os.register_at_fork(after_in_child=let_go_in_child)
 
 
 class RunFolderBusy(Exception):
-    """Another live process holds the run folder; the message names the folder and the holder."""
+    """The run folder cannot be taken: another live process holds it (the message names the folder and the holder),
+    or its filesystem has no locks."""
 
 
 def holder(folder: Path) -> str | None:
@@ -55,7 +57,7 @@ def holder(folder: Path) -> str | None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return path.read_text().strip() or "a process that has not yet written its name"
+            return path.read_text().strip() or UNNAMED
         return None
     finally:
         os.close(descriptor)  # releases the shared lock, if taken
@@ -75,8 +77,11 @@ def held(folder: Path) -> Iterator[None]:
         except BlockingIOError:
             name = os.pread(descriptor, 4096, 0).decode(errors="replace").strip()
             raise RunFolderBusy(
-                f"{folder} is in use by another run ({name or 'a process that has not yet written its name'}); "
-                "wait for it to end or stop it, then run the command again"
+                f"{folder} is in use by another run ({name or UNNAMED}); wait for it to end or stop it, then run it again"
+            ) from None
+        except OSError as error:  # a filesystem without locks (some network mounts): running unguarded could corrupt the run
+            raise RunFolderBusy(
+                f"{folder} cannot be locked ({error}); put the outputs (paths.output_dir) on a filesystem with flock"
             ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since {results.now()}\n".encode(), 0)
