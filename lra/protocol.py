@@ -14,14 +14,14 @@ import attention_zoo
 WARMUP_SHARE_WHEN_SHORTENED = 0.1  # the warmup of a run shortened below its warmup: a tenth of its steps
 
 
-def schedule_problem(warmup_steps: int, max_steps: int) -> str | None:
+def schedule_problem(warmup_steps: int, max_steps: int, section: str = "task") -> str | None:
     """What is wrong with a warmup for the learning-rate schedule (``OneCycleLR``), or None: it must be 0 or at
     least 2 (OneCycleLR divides by warmup_steps - 1), and below max_steps."""
     if 0 <= warmup_steps < max_steps and warmup_steps != 1:
         return None
     return (
-        "need warmup_steps = 0 or 2 <= warmup_steps < max_steps (OneCycleLR divides by warmup_steps - 1), "
-        f"got warmup_steps={warmup_steps}, max_steps={max_steps}"
+        f"{section}.protocol.warmup_steps={warmup_steps} does not fit the learning-rate schedule: it takes 0 (no warmup) "
+        f"or 2 to max_steps - 1 = {max_steps - 1} steps (OneCycleLR divides by warmup_steps - 1)"
     )
 
 
@@ -48,7 +48,7 @@ class Protocol:
                 f"lr={self.lr}, weight_decay={self.weight_decay}"
             )
         if self.warmup_steps == 1:
-            raise ValueError(f"task.protocol.{schedule_problem(1, self.max_steps)}")
+            raise ValueError(schedule_problem(1, self.max_steps))
 
     @classmethod
     def checked(cls, values: dict[str, Any]) -> Protocol:
@@ -74,13 +74,11 @@ class Protocol:
         adjusted = {}
         steps = self.max_steps
         if self.warmup_steps >= steps:
-            warmup = int(WARMUP_SHARE_WHEN_SHORTENED * steps)
-            warmup = warmup if warmup >= 2 else 0
-            adjusted["warmup_steps"] = {
-                "from": self.warmup_steps,
-                "to": warmup,
-                "why": f"must be below max_steps={steps}; a tenth of it",
-            }
+            tenth = int(WARMUP_SHARE_WHEN_SHORTENED * steps)
+            why = f"must be below max_steps={steps}; a tenth of it"
+            if tenth < 2:  # the schedule takes no warmup or at least 2 steps (schedule_problem)
+                why += f" is {tenth}, below the schedule's smallest warmup of 2, so none"
+            adjusted["warmup_steps"] = {"from": self.warmup_steps, "to": tenth if tenth >= 2 else 0, "why": why}
         if self.val_check_interval > steps:
             adjusted["val_check_interval"] = {
                 "from": self.val_check_interval,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -120,6 +121,8 @@ def check_task(task: DictConfig) -> None:
 def checked(cfg: DictConfig, stage: str) -> tuple[DictConfig, dict[str, dict[str, Any]]]:
     """``cfg`` validated and its protocols fitted to the run's steps (a new config) and what was adjusted: the
     task's protocol, then the pretraining's where this classification stage has one (it defaults to the task's)."""
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
+        raise ValueError(f"seed={cfg.seed} is not a seed: it takes a whole number (seed=0, seed=1, ...)")
     check_task(cfg.task)
     if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
         raise ValueError(f"pretrain.objective must be one of {', '.join(PRETRAINING_OBJECTIVES)}, got {cfg.pretrain.objective!r}")
@@ -220,6 +223,14 @@ def last_checkpoint(cfg: DictConfig) -> Path:
     """Where a run keeps its state after its latest evaluation (``callbacks.latest``) or at the step an interrupt
     stopped it (``callbacks.on_interrupt``): where the run resumes."""
     return Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The training step a checkpoint was saved at; None where there is no readable one."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+    except (OSError, RuntimeError, KeyError, ValueError, pickle.UnpicklingError):
+        return None
 
 
 class EarlierRun:
@@ -398,8 +409,9 @@ def recorded(
             kept if earlier.put_back_unless_trained() else f"the error is recorded in {results_path}",
         )
         raise RunFailed(record) from error
-    except BaseException as error:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
-        record.update(status="interrupted", error=f"{type(error).__name__}: {error}")
+    except BaseException:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
+        # An interruption is not a failure: the record says where the run stopped, the step last.ckpt holds.
+        record.update(status="interrupted", steps=checkpoint_step(last_checkpoint(cfg)))
         if earlier.put_back_unless_trained():
             log.error("Interrupted before the first step: %s", kept)
         else:
@@ -547,7 +559,7 @@ def cli() -> None:
         sys.exit(1)
     if problem := unknown_hparam_overrides(arguments) or renamed_model_overrides(arguments):
         print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(1)
     main()
 
 

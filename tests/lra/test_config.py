@@ -58,6 +58,10 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit_in_a_new_confi
     # The pretraining protocol defaults to the task's, so it has the fitted values and nothing of its own to fit.
     assert (fitted.pretrain.protocol.warmup_steps, fitted.pretrain.protocol.val_check_interval) == (2, 20)
     assert Protocol.checked(protocol(max_steps=10)).fitted()["warmup_steps"]["to"] == 0, "OneCycleLR cannot warm up one step"
+    assert Protocol.checked(protocol(max_steps=10)).fitted()["warmup_steps"]["why"] == (
+        "must be below max_steps=10; a tenth of it is 1, below the schedule's smallest warmup of 2, so none"
+    )
+    assert Protocol.checked(protocol(max_steps=30)).fitted()["warmup_steps"]["why"] == "must be below max_steps=30; a tenth of it"
     assert Protocol.checked(protocol()).fitted() == {}, "a protocol that fits is left alone"
 
 

@@ -307,8 +307,25 @@ def test_a_registered_attention_or_preset_without_a_yaml_trains_as_its_row(tmp_p
         ("task.seq_len=-5", "task.seq_len must be a positive whole number of tokens, got -5", "ValueError"),
         ("task.seq_len=0", "task.seq_len must be a positive whole number of tokens, got 0", "ValueError"),
         ("task.seq_len=20", "task.seq_len=20 is shorter than task.data.max_length=", "ValueError"),
+        ("seed=abc", "seed=abc is not a seed: it takes a whole number (seed=0, seed=1, ...)", "ValueError"),
+        (
+            "task.protocol.warmup_steps=1",
+            "task.protocol.warmup_steps=1 does not fit the learning-rate schedule: it takes 0 (no warmup) or 2 to "
+            "max_steps - 1 = 5 steps",
+            "ValueError",
+        ),
     ],
-    ids=["unknown", "ill-typed", "bad-value", "ill-typed-protocol", "negative-length", "zero-length", "truncating-length"],
+    ids=[
+        "unknown",
+        "ill-typed",
+        "bad-value",
+        "ill-typed-protocol",
+        "negative-length",
+        "zero-length",
+        "truncating-length",
+        "ill-typed-seed",
+        "warmup-of-one",
+    ],  # fmt: skip
 )
 def test_a_configuration_error_is_one_clear_message_and_a_failed_record(tmp_path, run_train, override, message, exception):
     process = run_train(override, check=False)
@@ -326,7 +343,7 @@ def test_an_unknown_hyperparameter_without_plus_lists_the_valid_ones(tmp_path, r
     """Hydra alone answers "Key 'dropuot' is not in struct"; the user needs the valid keys."""
     flags = ("-m", f"attention={attention}") if attention else ()
     process = run_train("attention.hparams.dropuot=0.2", flags=flags, check=False)
-    assert process.returncode == 2
+    assert process.returncode == 1
     assert process.stderr.startswith(f"error: attention={first_refusing}: unknown hyperparameter(s) ['dropuot'] for attention")
     assert valid in process.stderr and "Traceback" not in process.stderr
     assert not (tmp_path / "outputs").exists()  # refused before any run starts
@@ -345,7 +362,7 @@ def test_an_unknown_hyperparameter_without_plus_lists_the_valid_ones(tmp_path, r
 )
 def test_a_renamed_setting_names_its_new_name(tmp_path, run_train, override, message):
     process = run_train("attention=nystromformer", override, check=False)
-    assert process.returncode == 2
+    assert process.returncode == 1
     assert process.stderr.startswith(f"error: {'attention=nystromformer: ' if 'hparams' in override else ''}{message}")
     assert "Traceback" not in process.stderr and not (tmp_path / "outputs").exists()
 
@@ -479,10 +496,12 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
     process.send_signal(getattr(signal, signal_name))
     output, _ = process.communicate(timeout=120)
     (path,) = results_files(tmp_path)
-    assert json.loads(path.read_text())["status"] == "interrupted", output[-3000:]
+    interrupted = json.loads(path.read_text())
+    assert interrupted["status"] == "interrupted", output[-3000:]
     assert "Interrupted: running the same command again resumes from" in output
     reached = torch.load(path.parent / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 25 <= reached < 100
+    assert interrupted["steps"] == reached and "error" not in interrupted, "an interruption, with its step, not a failure"
 
     resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
