@@ -176,9 +176,17 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def presets() -> dict[str, Preset]:
+class Presets(dict):
+    """Presets by name, a dict that prints as a list: a line per preset, its attention and what it is."""
+
+    def __repr__(self) -> str:
+        width = max(map(len, self), default=0)
+        return "\n".join(f"{name:<{width}}  {preset.attention}: {preset.description}" for name, preset in self.items())
+
+
+def presets() -> Presets:
     """Every registered preset by name, sorted by name."""
-    return dict(sorted(_PRESETS.items()))
+    return Presets(sorted(_PRESETS.items()))
 
 
 def _resolve(name: str) -> tuple[str, dict[str, Any]]:

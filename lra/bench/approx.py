@@ -453,5 +453,5 @@ def main(argv: list[str] | None = None) -> int:
         source_label = f"{vectors.task}, {vectors.attention}, {vectors.source}"
     plot(rows, path.with_suffix(".png"), f"YOSO-m vs YOSO-E, tau={hash_bits}, Q/K/V from {source_label}")
     print("\n".join(growth_summary(rows)))
-    print(f"wrote {path} and {path.with_suffix('.png').name}")
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0

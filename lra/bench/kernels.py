@@ -176,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
     write_csv(rows, path, FIELDS)
-    plot(rows, args.out / f"kernels_{device.type}.png", f"{device_name(device)}, torch {torch.__version__}")
-    print(f"wrote {path} ({platform.node()})")
+    figure = args.out / f"kernels_{device.type}.png"
+    plot(rows, figure, f"{device_name(device)}, torch {torch.__version__}")
+    print(f"wrote {path} and {figure} ({platform.node()})")
     return 0
 
 

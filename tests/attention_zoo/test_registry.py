@@ -200,3 +200,13 @@ def test_a_preset_holds_every_hyperparameter_and_is_validated_when_registered(me
 def test_an_unknown_name_lists_the_attentions_and_the_presets():
     with pytest.raises(KeyError, match="Did you mean 'yoso_32'.*presets: .*yoso_star_c_16"):
         attention_zoo.build("yoso_23", seq_len=8, num_heads=1, head_dim=4)
+
+
+def test_the_presets_print_as_a_list_one_line_each():
+    """Issue 40: ``print(attention_zoo.presets())`` was a raw dict of dataclasses; it is a dict that prints a line per
+    preset: its name, the attention it builds, what it is."""
+    presets = attention_zoo.presets()
+    lines = repr(presets).splitlines()
+    assert len(lines) == len(presets) and isinstance(presets, dict)
+    (yoso_32,) = [line for line in lines if line.startswith("yoso_32 ")]
+    assert yoso_32.split()[1] == "yoso:" and presets["yoso_32"].description in yoso_32

@@ -102,11 +102,12 @@ def test_queries_without_collisions_count_as_zero_rows_at_a_right_angle():
     torch.testing.assert_close(torch.cat(tally.unit_angles), torch.tensor([math.pi / 4], dtype=torch.float64), atol=1e-3, rtol=0)
 
 
-def test_more_hashes_approximate_yoso_e_better_on_random_unit_vectors(tmp_path):
+def test_more_hashes_approximate_yoso_e_better_on_random_unit_vectors(tmp_path, capsys):
     out = tmp_path / "res"
     assert (
         approx.main(["--lengths", "64", "128", "--hashes", "8", "128", "--seeds", "2", "--samples", "2", "--out", str(out)]) == 0
     )
+    assert f"wrote {out / 'approx_error.csv'} and {out / 'approx_error.png'}" in capsys.readouterr().out, "both paths whole"
     rows = read_rows(out / "approx_error.csv")
     assert {row["source"] for row in rows} == {"random_unit_vectors"} and {row["hash_bits"] for row in rows} == {"8"}
     angle = {(int(row["seq_len"]), int(row["num_hashes"])): float(row["mean_angle_rad"]) for row in rows}

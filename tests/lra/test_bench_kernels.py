@@ -43,7 +43,7 @@ def test_an_unknown_benchmark_is_an_error_naming_the_choices():
     assert all(f"'{name}'" in process.stderr for name in bench.BENCHMARKS)
 
 
-def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path):
+def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path, capsys):
     argv = [
         "kernels",
         "--device",
@@ -62,6 +62,7 @@ def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path):
         str(tmp_path),
     ]
     assert bench.main(argv) == 0
+    assert f"wrote {tmp_path / 'kernels_cpu.csv'} and {tmp_path / 'kernels_cpu.png'}" in capsys.readouterr().out
     rows = pd.read_csv(tmp_path / "kernels_cpu.csv")
     assert set(rows["method"]) == {"softmax/default", "yoso_32", "yoso_32/reference"}
     assert rows["time_ms"].gt(0).all()

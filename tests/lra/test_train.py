@@ -423,6 +423,15 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
 
 
 @pytest.mark.slow
+def test_a_bf16_run_prints_no_warning_of_a_dependency(tmp_path, run_train):
+    """Issue 40: Lightning's "Precision bf16-mixed is not supported by the model summary" was on the console."""
+    process = run_train("trainer.precision=bf16-mixed")
+    console = process.stdout + process.stderr
+    for noise in ("UserWarning", "Warning:", "model summary"):
+        assert noise not in console, console[-3000:]
+
+
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_overrides):
     overrides = [*tiny_overrides, "task.protocol.max_steps=100", "task.protocol.val_check_interval=5"]
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
