@@ -61,6 +61,19 @@ def has_kernel(device: torch.device) -> bool:
     return report.cuda.loaded if device.type == "cuda" else device.type == "cpu" and report.cpu.loaded
 
 
+def cuda_path(device: torch.device) -> bool:
+    """Whether tensors on ``device`` take the CUDA path: randomness drawn on the device and nothing
+    that synchronises the host. :meth:`yoso_cuda.emulator.Emulator.cuda_path` points it, with
+    :func:`compiled_ops` and :func:`has_kernel`, at CPU tensors, so CI runs this path on the emulated
+    CUDA kernels."""
+    return device.type == "cuda"
+
+
+def compiled_ops(device: torch.device):
+    """The compiled ops' namespace (``torch.ops.yoso``; the emulator's under ``Emulator.cuda_path``)."""
+    return torch.ops.yoso
+
+
 def check_backend(backend: str) -> None:
     """Raise the one error for a ``backend`` that is not one of :data:`BACKENDS`."""
     if backend not in BACKENDS:
@@ -183,14 +196,14 @@ def _register_autograd() -> None:
 
 def hash_codes(vectors, signs, num_hashes, hash_bits, backend: Backend = "auto"):
     if use_compiled(backend, vectors.device):
-        return torch.ops.yoso.hash_codes(vectors, signs, num_hashes, hash_bits)
+        return compiled_ops(vectors.device).hash_codes(vectors, signs, num_hashes, hash_bits)
     return reference.hash_codes(vectors, signs, num_hashes, hash_bits)
 
 
 def lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits, backend: Backend = "auto"):
     args = (query_codes, query_mask, key_codes, key_mask, values, hash_bits)
     if use_compiled(backend, values.device):
-        return torch.ops.yoso.lsh_cumulation(*args)
+        return compiled_ops(values.device).lsh_cumulation(*args)
     return reference.lsh_cumulation(*args)
 
 
@@ -199,7 +212,7 @@ def lsh_weighted_cumulation(
 ):
     args = (query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits)
     if use_compiled(backend, values.device):
-        return torch.ops.yoso.lsh_weighted_cumulation(*args)
+        return compiled_ops(values.device).lsh_weighted_cumulation(*args)
     return reference.lsh_weighted_cumulation(*args)
 
 
@@ -217,7 +230,7 @@ def lsh_weighted_cumulation_both(
 ):
     args = (query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits)
     if use_compiled(backend, query_values.device):  # one sort serves both sides
-        return torch.ops.yoso.lsh_weighted_cumulation_both(*args)
+        return compiled_ops(query_values.device).lsh_weighted_cumulation_both(*args)
     return reference.lsh_weighted_cumulation_both(*args)
 
 
@@ -235,7 +248,7 @@ def lsh_collided_gradient(
 ):
     args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)
     if use_compiled(backend, query_vectors.device):
-        return torch.ops.yoso.lsh_collided_gradient(*args)
+        return compiled_ops(query_vectors.device).lsh_collided_gradient(*args)
     return reference.lsh_collided_gradient(*args)
 
 
@@ -252,14 +265,16 @@ def hash_queries_and_keys(
     Queries and keys ``(B, n, d)`` -> codes ``(B, n, num_hashes)`` int32 each. ``projection``:
     ``"hadamard"``, the fast pseudo-random rotation ``H D3 H D2 H D1`` (random sign diagonals,
     compiled or reference per ``backend``), or ``"gaussian"``, independent Gaussian hyperplanes (a
-    matrix product, in PyTorch on any backend). The randomness is drawn from torch's global RNG on
-    the CPU and then moved, so a seed gives the same codes on every device.
+    matrix product, in PyTorch on any backend). The randomness is drawn from torch's RNG of the
+    queries' device, on that device (:func:`reference.random_signs`): a seed gives the same codes
+    run after run on one device, and the CUDA path copies nothing from the host.
     """
     batch, _, dim = queries.shape
+    on_device = cuda_path(queries.device)
     if projection == "gaussian":
-        projections = reference.random_projections(batch, dim, num_hashes, hash_bits, queries.device)
+        projections = reference.random_projections(batch, dim, num_hashes, hash_bits, queries.device, on_device=on_device)
         return tuple(reference.gaussian_hash_codes(x, projections, num_hashes, hash_bits) for x in (queries, keys))
     if projection != "hadamard":
         raise ValueError(f"projection must be 'hadamard' or 'gaussian', got {projection!r}")
-    signs = reference.random_signs(batch, dim, num_hashes, hash_bits, queries.device)
+    signs = reference.random_signs(batch, dim, num_hashes, hash_bits, queries.device, on_device=on_device)
     return hash_codes(queries, signs, num_hashes, hash_bits, backend), hash_codes(keys, signs, num_hashes, hash_bits, backend)

@@ -10,8 +10,10 @@ Every YOSO function here is linear in n in memory: the cumulations sort codes an
 bucket (memory independent of tau and of bucket sizes), rather than allocating 2^tau-row tables,
 and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 
-* :func:`random_signs` / :func:`random_projections`: the randomness of one forward call, drawn on
-  the CPU from torch's global RNG so a seed gives the same codes on every device.
+* :func:`random_signs` / :func:`random_projections`: the randomness of one forward call, drawn from
+  torch's RNG of the device that hashes (the CPU's numbers are those of every earlier run; on a
+  GPU the draw never leaves the device, so a seeded run is reproducible there but draws other
+  hash functions than the CPU).
 * :func:`hash_codes`: codes from the fast random rotation ``H D3 H D2 H D1`` (Andoni et al. 2015),
   H the Walsh-Hadamard transform and D_i random sign diagonals; one rotation of a vector padded to
   ``d_pad`` (a power of two >= max(d, tau)) yields ``d_pad // tau`` codes.
@@ -49,14 +51,40 @@ def num_rotations(dim: int, num_hashes: int, hash_bits: int) -> int:
     return math.ceil(num_hashes / (padded_dim(dim, hash_bits) // hash_bits))
 
 
-def random_signs(batch: int, dim: int, num_hashes: int, hash_bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Random +-1 diagonals ``(batch, 3, rotations, d_pad)`` float32 for :func:`hash_codes`."""
+def random_signs(
+    batch: int,
+    dim: int,
+    num_hashes: int,
+    hash_bits: int,
+    device: torch.device | str = "cpu",
+    *,
+    on_device: bool | None = None,
+) -> torch.Tensor:
+    """Random +-1 diagonals ``(batch, 3, rotations, d_pad)`` float32 for :func:`hash_codes`.
+
+    ``on_device`` (default: ``device`` is not the CPU) draws them on ``device`` with its generator:
+    no host-to-device copy, which would block the host in every forward (a pageable copy). Without
+    it they are drawn as before, on the CPU, so the CPU's codes under a seed do not change.
+    """
     shape = (batch, 3, num_rotations(dim, num_hashes, hash_bits), padded_dim(dim, hash_bits))
+    if on_device if on_device is not None else torch.device(device).type != "cpu":
+        return torch.randint(0, 2, shape, device=device, dtype=torch.float32).mul_(2).sub_(1)
     return (torch.randint(0, 2, shape, dtype=torch.int8) * 2 - 1).to(device=device, dtype=torch.float32)
 
 
-def random_projections(batch: int, dim: int, num_hashes: int, hash_bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Gaussian hyperplanes ``(batch, dim, num_hashes * hash_bits)`` float32 for :func:`gaussian_hash_codes`."""
+def random_projections(
+    batch: int,
+    dim: int,
+    num_hashes: int,
+    hash_bits: int,
+    device: torch.device | str = "cpu",
+    *,
+    on_device: bool | None = None,
+) -> torch.Tensor:
+    """Gaussian hyperplanes ``(batch, dim, num_hashes * hash_bits)`` float32 for :func:`gaussian_hash_codes`,
+    drawn on ``device`` or on the CPU as :func:`random_signs` says."""
+    if on_device if on_device is not None else torch.device(device).type != "cpu":
+        return torch.randn(batch, dim, num_hashes * hash_bits, device=device)
     return torch.randn(batch, dim, num_hashes * hash_bits).to(device)
 
 

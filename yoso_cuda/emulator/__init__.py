@@ -57,8 +57,28 @@ class Emulator:
             self.ops.emulator_schedule("forward", 0)
 
     def statistics(self) -> dict[str, int]:
-        names = ("launches", "blocks", "threads", "switches", "barriers", "collectives")
+        """Counters since the library loaded: ``launches`` of the source's kernels, ``sorts`` (CUB radix
+        sorts, each several launches on a GPU), ``blocks``, ``threads``, ``switches``, ``barriers``,
+        ``collectives`` and ``assertions`` (device-side assertions evaluated)."""
+        names = ("launches", "blocks", "threads", "switches", "barriers", "collectives", "sorts", "assertions")
         return dict(zip(names, self.ops.emulator_statistics()))
+
+    @contextlib.contextmanager
+    def cuda_path(self):
+        """Inside, yoso_cuda's Python glue treats CPU tensors as CUDA tensors: it takes the CUDA path
+        (``ops.cuda_path``: randomness drawn on the device, no host synchronisation) and runs these
+        emulated kernels as the compiled ops, so tests drive the CUDA path end to end without a GPU."""
+        from .. import ops
+
+        saved = {name: getattr(ops, name) for name in ("cuda_path", "compiled_ops", "has_kernel")}
+        ops.cuda_path = lambda device: device.type in ("cpu", "cuda")
+        ops.compiled_ops = lambda device: self.ops
+        ops.has_kernel = lambda device: device.type in ("cpu", "cuda")
+        try:
+            yield self
+        finally:
+            for name, value in saved.items():
+                setattr(ops, name, value)
 
 
 def sanitizer_preload() -> str:

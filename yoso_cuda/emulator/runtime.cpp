@@ -158,7 +158,7 @@ struct Settings {
 } settings;
 
 struct Statistics {
-  int64_t launches = 0, blocks = 0, threads = 0, switches = 0, barriers = 0, collectives = 0;
+  int64_t launches = 0, blocks = 0, threads = 0, switches = 0, barriers = 0, collectives = 0, sorts = 0, assertions = 0;
 } statistics;
 
 const char* collective_name(Collective kind) {
@@ -171,6 +171,7 @@ const char* collective_name(Collective kind) {
     case Collective::Any: return "__any_sync";
     case Collective::All: return "__all_sync";
     case Collective::SyncWarp: return "__syncwarp";
+    case Collective::MatchAny: return "__match_any_sync";
   }
   return "?";
 }
@@ -365,6 +366,8 @@ class Block {
 
   void* dynamic() { return dynamic_.get(); }
 
+  void assertion_failed(const std::string& message) { fail(message); }
+
  private:
   static void entry(void* argument) {
     auto* block = static_cast<Block*>(argument);
@@ -424,6 +427,14 @@ class Block {
         case Collective::Any: thread.result = any; break;
         case Collective::All: thread.result = all; break;
         case Collective::SyncWarp: thread.result = 0; break;
+        case Collective::MatchAny: {
+          uint64_t same = 0;
+          for (int peer = 0; peer < kWarp; ++peer) {
+            if ((pending.mask >> peer & 1u) && pending.values[peer] == pending.values[lane]) same |= uint64_t(1) << peer;
+          }
+          thread.result = same;
+          break;
+        }
         default:
           if (source < 0 || source >= kWarp || !(pending.mask >> source & 1u)) {
             return name(warp * kWarp + lane) + " reads lane " + std::to_string(source) + " in " +
@@ -533,6 +544,17 @@ void* block_shared(int line, size_t bytes) { return running_block->shared(line, 
 
 void* dynamic_shared() { return running_block->dynamic(); }
 
+void count_assertion() { ++statistics.assertions; }
+
+void device_assert_failed(const char* condition, const char* message, int line) {
+  const std::string what = std::string("device-side assertion `") + condition + "` failed (line " + std::to_string(line) +
+                           "): " + message;
+  TORCH_CHECK(running_block != nullptr, "CUDA emulator: ", what, " (outside a kernel)");
+  running_block->assertion_failed(what);
+}
+
+void count_sort() { ++statistics.sorts; }
+
 bool sort_flips_buffers() {
   switch (settings.order) {
     case Order::Forward: return true;
@@ -598,8 +620,8 @@ void configure(c10::string_view order, int64_t seed) {
 }
 
 std::vector<int64_t> read_statistics() {
-  return {statistics.launches, statistics.blocks, statistics.threads, statistics.switches, statistics.barriers,
-          statistics.collectives};
+  return {statistics.launches, statistics.blocks,      statistics.threads, statistics.switches,
+          statistics.barriers, statistics.collectives, statistics.sorts,   statistics.assertions};
 }
 
 }  // namespace

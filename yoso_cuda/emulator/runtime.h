@@ -66,7 +66,7 @@ constexpr int warpSize = 32;
 
 namespace emu {
 
-enum class Collective { Shfl, ShflXor, ShflUp, ShflDown, Ballot, Any, All, SyncWarp };
+enum class Collective { Shfl, ShflXor, ShflUp, ShflDown, Ballot, Any, All, SyncWarp, MatchAny };
 
 void syncthreads(int line);
 uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int lane_arg, int width, int line);
@@ -100,8 +100,16 @@ T shuffle(Collective kind, unsigned mask, T value, int lane_arg, int width, int 
   static_cast<int>(::emu::warp_collective(::emu::Collective::Any, (mask), (predicate) ? 1u : 0u, 0, 32, __LINE__))
 #define __all_sync(mask, predicate) \
   static_cast<int>(::emu::warp_collective(::emu::Collective::All, (mask), (predicate) ? 1u : 0u, 0, 32, __LINE__))
+// The lanes of `mask` holding the same value as this lane (sm_70+); values of up to 8 bytes.
+#define __match_any_sync(mask, value) \
+  static_cast<unsigned>(::emu::warp_collective(::emu::Collective::MatchAny, (mask), ::emu::match_bits(value), 0, 32, __LINE__))
 
 namespace emu {
+template <typename T>
+uint64_t match_bits(T value) {
+  static_assert(std::is_integral<T>::value && sizeof(T) <= sizeof(uint64_t), "__match_any_sync takes an integer");
+  return static_cast<uint64_t>(value);
+}
 constexpr int width_or_warp() { return 32; }
 constexpr int width_or_warp(int width) { return width; }
 inline void syncwarp_at(int line, unsigned mask = 0xffffffffu) { warp_collective(Collective::SyncWarp, mask, 0, 0, 32, line); }
@@ -116,6 +124,23 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigne
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+
+// ---------------------------------------------------------------------------------------------
+// Device-side assertions: c10's CUDA_KERNEL_ASSERT_MSG aborts the kernel on a GPU (the error surfaces
+// at the next synchronisation, and the context is lost); here the failing thread ends its block and
+// the launch throws, naming the condition, the message and the line.
+
+namespace emu {
+void device_assert_failed(const char* condition, const char* message, int line);
+void count_assertion();
+}  // namespace emu
+
+#undef CUDA_KERNEL_ASSERT_MSG
+#define CUDA_KERNEL_ASSERT_MSG(condition, message)                                  \
+  do {                                                                              \
+    ::emu::count_assertion();                                                       \
+    if (!(condition)) ::emu::device_assert_failed(#condition, (message), __LINE__); \
+  } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Memory: shared memory per block, and poisoned fresh tensors
@@ -192,6 +217,7 @@ namespace emu {
 // Whether the sort leaves the result in the alternate buffers (the real CUB may end in either, so
 // code must read Current()); the schedule decides.
 bool sort_flips_buffers();
+void count_sort();  // a radix sort (several kernel launches on a GPU), for the statistics
 }  // namespace emu
 
 namespace cub {
@@ -219,6 +245,7 @@ struct DeviceRadixSort {
     constexpr int key_bits = sizeof(Key) * 8;
     TORCH_CHECK(0 <= begin_bit && begin_bit < end_bit && end_bit <= key_bits,
                 "CUDA emulator: cub::DeviceRadixSort::SortPairs: invalid bit range [", begin_bit, ", ", end_bit, ")");
+    emu::count_sort();
     const Key* in_keys = keys.Current();
     const Value* in_values = values.Current();
     if (end_bit < key_bits) {

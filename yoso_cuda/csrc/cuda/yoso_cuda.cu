@@ -7,7 +7,7 @@
 // the CPU under yoso_cuda/emulator in three schedules and with sanitizers.
 //
 // The LSH ops share one structure, processed a chunk of hashes at a time (memory linear in n):
-//   0. a code outside [0, 2^tau) is rejected (one host synchronisation per op);
+//   0. a code outside [0, 2^tau) fails a device-side assertion (no host synchronisation);
 //   1. per (batch row b, hash h) a segment of nk sort keys ((segment << (tau + 1)) | code), padded
 //      keys carrying bit tau so that they sort last in their segment and match no query;
 //   2. one stable CUB radix sort of all segments of the chunk (keys ascending, key index as value):
@@ -742,30 +742,39 @@ void check_row_count(const at::Tensor& codes, const char* name) {
                     "2^31 - 1 rows over all batch rows, ", name, " has ", codes.size(0) * codes.size(1));
 }
 
-// Sets *flag when a code lies outside [0, 2^hash_bits). Every offending thread stores the same
-// value, so the race between them is harmless.
+// Hash codes outside [0, 2^hash_bits) are an error, never truncated (bucket_key masks the code: a
+// wrong code would silently join another bucket). The check runs on the device with no host
+// synchronisation: a bad code fails a device-side assertion, as PyTorch's own index kernels
+// (index_select, embedding, gather) do for a bad index. The op then returns no result the caller can
+// use: the CUDA context is lost and the next synchronisation raises the assertion (at the op itself
+// under CUDA_LAUNCH_BLOCKING=1). A host-side check with its readable ValueError would copy a flag to
+// the host in every cumulation, three times per YOSO layer per training step; the CPU kernels and
+// the reference keep that check (csrc/checks.h, reference.check_codes_in_range), so the same codes
+// give the readable error there. Codes from hash_codes are in range by construction.
 __global__ void __launch_bounds__(kBlock) codes_in_range_kernel(const int* __restrict__ codes, int64_t count, int hash_bits,
-                                                                int* __restrict__ flag) {
+                                                                bool query_side) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count && (static_cast<unsigned>(codes[i]) >> hash_bits) != 0u) {
-    *flag = 1;
+  if (i < count) {
+    const bool in_range = (static_cast<unsigned>(codes[i]) >> hash_bits) == 0u;
+    CUDA_KERNEL_ASSERT_MSG(in_range || !query_side,
+                           "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes with the "
+                           "same hash_bits");
+    CUDA_KERNEL_ASSERT_MSG(in_range || query_side,
+                           "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes with the "
+                           "same hash_bits");
   }
 }
 
-// Rejects a query or key code outside [0, 2^hash_bits), with one host synchronisation for both.
+// Rejects a query or key code outside [0, 2^hash_bits) on the device (see codes_in_range_kernel).
 void check_codes_in_range(const at::Tensor& query_codes, const at::Tensor& key_codes, int hash_bits, cudaStream_t stream) {
-  at::Tensor flags = at::zeros({2}, query_codes.options());
   const at::Tensor* codes[2] = {&query_codes, &key_codes};
   for (int s = 0; s < 2; ++s) {
     if (codes[s]->numel() > 0) {
-      codes_in_range_kernel<<<thread_grid(codes[s]->numel()), kBlock, 0, stream>>>(
-          codes[s]->data_ptr<int>(), codes[s]->numel(), hash_bits, flags.data_ptr<int>() + s);
+      codes_in_range_kernel<<<thread_grid(codes[s]->numel()), kBlock, 0, stream>>>(codes[s]->data_ptr<int>(),
+                                                                                 codes[s]->numel(), hash_bits, s == 0);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   }
-  const at::Tensor found = flags.cpu();
-  TORCH_CHECK_VALUE(found[0].item<int>() == 0, codes_out_of_range("query_codes", hash_bits));
-  TORCH_CHECK_VALUE(found[1].item<int>() == 0, codes_out_of_range("key_codes", hash_bits));
 }
 
 // Buckets of more than this many rows use the outer-product table: with heavy >= 2 w c / (w + c)
