@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import textwrap
 from collections.abc import Iterable
 from importlib import resources
 
@@ -56,6 +57,35 @@ def run_name(overrides: str) -> str:
     return f"{overrides[: MAX_RUN_NAME - 13]}-{digest}"
 
 
+# What --help lists (conf/hydra/help/lra.yaml): the groups a user chooses from, with what each option is for.
+HELP_GROUPS = {
+    "task": "the LRA task",
+    "attention": "a row of conf/attention/ or any registered attention or preset",
+    "experiment": "the protocol: steps, batch, learning rate, data size (smoke by default)",
+    "trainer": "where it runs: cpu, gpu (bf16), ddp",
+    "logger": "metrics.csv (csv), TensorBoard or Weights & Biases",
+    "pretrain": "none, or mlm self-pretraining first",
+    "model": "the encoder: lra (the paper's), efficiency (the efficiency profile's)",
+}
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAMLs in the package, and for ``attention`` every registered name."""
+    if group == "attention":
+        return sorted({*attention_rows(), *attention_zoo.available(), *attention_zoo.presets()})
+    folder = resources.files(CONFIG_MODULE) / group
+    return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def help_choices() -> str:
+    """The ``--help`` lines of the groups a user chooses from, each with its options wrapped under it."""
+    lines = []
+    for group, what in HELP_GROUPS.items():
+        lines.append(f"  {group}=  {what}")
+        lines += textwrap.wrap(", ".join(group_options(group)), 110, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
 def paper_rows(name: str) -> str:
     """The rows of the published table ``name`` (:data:`lra.paper.TABLES`), as a sweep's list."""
     if name not in paper.TABLES:
@@ -67,6 +97,7 @@ def register() -> None:
     """Add the resolvers and the ``attention_zoo`` group (again, to pick up attentions registered since)."""
     OmegaConf.register_new_resolver("lra_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("lra_paper_rows", paper_rows, replace=True)
+    OmegaConf.register_new_resolver("lra_help_choices", help_choices, replace=True)
     store = ConfigStore.instance()
     registered = {name: name for name in attention_zoo.available()}
     registered.update({name: preset.attention for name, preset in attention_zoo.presets().items()})

@@ -2,6 +2,8 @@
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,18 @@ def test_an_unknown_attention_names_the_closest_choice_and_every_choice():
     assert config.unknown_attention(["attention=softmax,yoso"]) is None
     assert config.unknown_attention(["attention=none,yoso_33"]).startswith("attention=yoso_33 is not an attention; did")
     assert config.unknown_attention(["attention.hparams.dropout=0.0", "experiment=table3"]) is None
+
+
+def test_help_lists_the_choices_and_the_common_command_lines():
+    """Issue 40: ``python -m lra.train --help`` orients: the groups a user chooses from with their options, and the
+    command lines most runs are; not Hydra's generic page with the whole composed config."""
+    process = subprocess.run([sys.executable, "-m", "lra.train", "--help"], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    text = process.stdout
+    for group in config.HELP_GROUPS:
+        assert f"\n  {group}=  " in text
+    options = " ".join(text.split("== Choices (GROUP=OPTION) ==")[1].split("== Common command lines ==")[0].split())
+    for option in ("listops,", "yoso_32,", "performer_lra,", "table3_cpu,", "gpu", "tensorboard,", "mlm,"):
+        assert option in options, option
+    assert "python -m lra.train -m attention=softmax,yoso_32 seed=0,1,2" in text and "attention=my_attention" in text
+    assert "== Config ==" not in text and "is powered by Hydra" not in text
