@@ -1,0 +1,907 @@
+"""A sweep's cells k at a time on one machine, in the background, and its finished runs back in one small archive.
+
+    python -m lra.campaign start [--parallel K|auto] [--dry-run] [--foreground] [--stop-after S] OVERRIDES...
+    python -m lra.campaign status [--wait S]
+    python -m lra.campaign stop
+    python -m lra.campaign pack [--out FILE]
+    python -m lra.campaign unpack ARCHIVE
+    python -m lra.campaign measure --parallel 1,2,4,8 [--steps N] [--out results] OVERRIDES...
+
+``start`` takes the overrides of a sweep (``python -m lra.train -m OVERRIDES``: the experiment's
+``hydra.sweeper.params`` crossed with the command line's comma lists, as Hydra's basic sweeper crosses
+them) and runs every cell as its own ``python -m lra.train <cell's overrides>``, K at a time, all on the
+machine's one GPU (or its CPU). Each cell is an ordinary run: its folder is the one the sweep would
+give it, it holds its folder's lock (:mod:`lra.run_lock`), it is skipped where its configuration is
+finished (in its folder, elsewhere under the output folder, or committed under ``results/runs/``) and
+resumes from its ``last.ckpt`` where it was interrupted. The K processes divide the machine: each gets
+``cores // K`` threads (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``) and at most ``cores // K - 1`` data-loader
+workers (``num_workers``, never more than the configuration's). Before the first cell, the data of every
+cell is generated and prepared once (under its lock), so K cells do not all wait for it.
+
+``start`` returns at once: the campaign runs in a process of its own session, writing its log into
+``<dir>/campaign.log`` (``--foreground`` runs it in place). The campaign's folder (``--dir``, default
+``<output folder>/campaign``) holds its plan (``campaign.json``), the log, and each launched cell's
+console output (``cells/<n>.log``). ``status`` lists the cells (finished, committed, running with their
+step, failed, interrupted, pending) and exits 0; ``--wait S`` waits up to S seconds for the campaign
+to end first. ``stop`` interrupts it: the running cells save ``last.ckpt`` and a later ``start``
+resumes them. ``pack`` writes the finished cells' records in their committed form
+(``results/runs/<name>.json``, as ``lra.table --collect`` writes them) with each one's learning curve
+(``results/runs/curves/<name>.csv``, its ``metrics.csv``) into one tar.gz, with the campaign's status
+and log; ``unpack`` puts the records and curves into ``results/`` of the current folder (checking every
+member), so that the next ``start`` skips them (and ``lra.table --committed`` tabulates them).
+
+``measure`` times K concurrent copies of one cell (the first of the plan; distinct seeds from 1000, a
+scratch output folder, ``--steps`` steps with the protocol's evaluation schedule) for each K of
+``--parallel`` and writes ``cells_per_hour_<device>.{csv,png}``: cells per hour against K, the number
+``start --parallel auto`` chooses K from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from . import config, run_lock
+
+log = logging.getLogger("lra.campaign")
+
+PLAN_FILE = "campaign.json"
+LOG_FILE = "campaign.log"
+CELLS = "cells"  # <dir>/cells/<n>.log: a launched cell's console output; <n>.exit: its exit status
+CURVES = "curves"  # results/runs/curves/<run file name>.csv: a packed cell's metrics.csv
+MEASURE_SEED = 1000  # measure's copies of a cell: seeds never swept, so nothing is skipped or overwritten
+BEST_SHARE = 0.95  # --parallel auto: the smallest K within this share of the best measured cells per hour
+STOP_GRACE_S = 300  # how long a stopped cell may take to save its checkpoint before it is killed
+CURVE_FIELDS = [
+    "device",
+    "parallel",
+    "threads_per_cell",
+    "workers_per_cell",
+    "steps",
+    "paper_steps",
+    "wall_s",
+    "cell_steps_per_hour",
+    "cells_per_hour",
+    "speedup",
+    "mean_steps_per_second",
+    "max_peak_memory_mb",
+    "finished",
+    "cell",
+    "commit",
+]
+
+
+class CampaignError(Exception):
+    """Bad input or a state the command cannot act on: one message, exit status 2 (1 for a campaign's own state)."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ---- the plan: a sweep's cells ------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    index: int
+    name: str  # "task / row / seed N"
+    overrides: list[str]  # what `python -m lra.train` runs it with
+    folder: str  # its run folder, absolute
+    config_hash: str  # lra.train's: how a finished or committed run of it is recognised
+    task: str
+    max_steps: int
+    num_workers: int  # the configuration's; a campaign gives a cell at most this many
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")) / "campaign"
+
+
+def experiments() -> list[str]:
+    folder = resources.files(config.CONFIG_MODULE) / "experiment"
+    return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """One message for what Hydra would refuse in its own words: an unknown experiment or attention, a sweep flag."""
+    for override in overrides:
+        if override in ("-m", "--multirun"):
+            raise CampaignError("a campaign is a sweep already: leave out -m")
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "experiment":
+            unknown = [name for name in value.split(",") if name not in experiments()]
+            if unknown:
+                raise CampaignError(f"experiment={unknown[0]} is not an experiment; the choices: {', '.join(experiments())}")
+            if "," in value:
+                raise CampaignError("a campaign runs one experiment; start one campaign per experiment")
+    if problem := config.unknown_attention(overrides):
+        raise CampaignError(problem)
+
+
+def sweep_cells(overrides: list[str]) -> list[list[str]]:
+    """The overrides of each cell of ``python -m lra.train -m OVERRIDES``: the experiment's ``hydra.sweeper.params``
+    first, then the command line's overrides (a key given on both: the command line's, in the params' place), crossed
+    as Hydra's basic sweeper crosses them; then ordered by seed, the sweep's order within a seed."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    master = compose(plain)
+    params = master.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=True) if params else {}
+    arguments = [f"{key}={value}" for key, value in params.items()] + list(overrides)
+    (cells,) = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return sorted(cells, key=seed_of)  # stable: every row of the first seed, then the next seed's
+
+
+def seed_of(overrides: list[str]) -> tuple[int, str]:
+    """A cell's seed, for ordering (a campaign cut short by its time then has whole seeds): 0 for none given."""
+    text = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "seed"), "0")
+    return (int(text), "") if text.lstrip("-").isdigit() else (0, text)
+
+
+def compose(overrides: list[str]):
+    try:
+        return config.compose(overrides, return_hydra_config=True)
+    except Exception as error:  # Hydra's composition errors: one line, not a traceback
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CampaignError(f"the overrides {' '.join(overrides)} do not compose: {first}") from None
+
+
+def plan_cell(index: int, overrides: list[str]) -> tuple[Cell, dict[str, Any]]:
+    """The cell and its resolved ``task.data`` (for preparing its data once), composed as ``lra.train`` composes it."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from . import train
+    from .results import CLASSIFICATION, config_hash
+
+    cfg = compose(overrides)
+    HydraConfig.instance().set_config(cfg)  # the run folder's ${hydra:...} interpolations
+    folder = Path(str(cfg.hydra.run.dir)).absolute()
+    choices = cfg.hydra.runtime.choices
+    changes = [o for o in cfg.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~").startswith("attention.")]
+    row = " ".join([choices["attention"], *sorted(changes)])  # as lra.train names the table row
+    quiet = logging.getLogger("lra.train")
+    level, quiet.level = quiet.level, logging.ERROR  # the protocol adjustments are the cell's to log
+    try:
+        checked, _ = train.checked(cfg, CLASSIFICATION)
+    except ValueError as error:
+        raise CampaignError(f"cell {' '.join(overrides)}: {error}") from None
+    finally:
+        quiet.setLevel(level)
+    cell = Cell(
+        index=index,
+        name=f"{cfg.task.name} / {row} / seed {cfg.seed}",
+        overrides=list(overrides),
+        folder=str(folder),
+        config_hash=config_hash(train.defining_config(checked)),
+        task=str(cfg.task.name),
+        max_steps=int(checked.task.protocol.max_steps),
+        num_workers=int(cfg.num_workers),
+    )
+    return cell, {"task": cell.task, "data": OmegaConf.to_container(cfg.task.data, resolve=True)}
+
+
+def make_plan(overrides: list[str]) -> tuple[list[Cell], list[dict[str, Any]], Any]:
+    """Every cell of the sweep, the distinct data they train on, and the first cell's trainer config."""
+    check_overrides(overrides)
+    cells, datasets = [], []
+    for index, cell_overrides in enumerate(sweep_cells(overrides)):
+        cell, data = plan_cell(index, cell_overrides)
+        cells.append(cell)
+        if data not in datasets:
+            datasets.append(data)
+    folders = [cell.folder for cell in cells]
+    if len(set(folders)) < len(folders):
+        raise CampaignError(
+            "two cells of this sweep would share a run folder; give each setting that differs on the command line"
+        )
+    trainer = compose(cells[0].overrides).trainer
+    return cells, datasets, trainer
+
+
+# ---- dividing the machine ------------------------------------------------------------------------
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Share:
+    """What each of K concurrent cells gets of a machine's cores."""
+
+    parallel: int
+    threads: int  # torch's intra-op threads (OMP_NUM_THREADS)
+    workers: int  # data-loader worker processes, at most
+
+    @classmethod
+    def of(cls, parallel: int, machine_cores: int) -> Share:
+        if parallel < 1:
+            raise CampaignError(f"--parallel must be at least 1, got {parallel}")
+        per_cell = max(1, machine_cores // parallel)
+        return cls(parallel, per_cell, max(0, per_cell - 1))  # a core for the cell's own process
+
+
+def cell_command(cell: Cell, share: Share) -> tuple[list[str], dict[str, str]]:
+    """The command and environment a cell runs with: ``lra.train`` on its overrides, its share of the cores."""
+    extra = {"num_workers": min(cell.num_workers, share.workers), "trainer.enable_progress_bar": "false"}
+    overrides = [o for o in cell.overrides if o.split("=", 1)[0] not in extra]  # the campaign's value, not twice
+    command = [sys.executable, "-m", "lra.train", *overrides, *(f"{key}={value}" for key, value in extra.items())]
+    threads = str(share.threads)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    return command, env
+
+
+def device_slug(trainer: Any) -> str:
+    """The device a trainer config runs on, for file names: ``cuda_h200``, ``cpu``."""
+    if str(trainer.accelerator) not in ("gpu", "cuda"):
+        return "cpu"
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "gpu"
+    return "cuda_" + re.sub(r"[^a-z0-9]+", "_", name.lower().replace("nvidia", "")).strip("_")
+
+
+def check_device(trainer: Any) -> None:
+    if str(trainer.accelerator) in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CampaignError(
+                "the cells ask for a GPU (trainer.accelerator=gpu) but no CUDA GPU is visible (torch.cuda.is_available() is "
+                "False); leave out trainer=gpu to run them on the CPU"
+            )
+
+
+def chosen_parallel(text: str, trainer: Any, results_dir: Path) -> int:
+    """``--parallel``: a whole number, or ``auto``: the smallest K whose measured cells per hour is within
+    :data:`BEST_SHARE` of the best, from ``cells_per_hour_<device>.csv`` of ``results_dir``."""
+    if text != "auto":
+        try:
+            value = int(text)
+        except ValueError:
+            raise CampaignError(f"--parallel must be a whole number of cells at once or auto, got {text!r}") from None
+        Share.of(value, 1)  # k < 1: one message
+        return value
+    path = results_dir / f"cells_per_hour_{device_slug(trainer)}.csv"
+    if not path.is_file():
+        raise CampaignError(
+            f"--parallel auto reads the measured curve {path}, which is missing; measure it "
+            "(python -m lra.campaign measure --parallel 1,2,4,8 ...) or give --parallel K"
+        )
+    return best_parallel(read_rows(path))
+
+
+def best_parallel(rows: list[dict[str, str]]) -> int:
+    measured = [(int(r["parallel"]), float(r["cells_per_hour"])) for r in rows if r.get("cells_per_hour") not in ("", "nan")]
+    if not measured:
+        raise CampaignError("the measured curve has no row with cells per hour")
+    best = max(rate for _, rate in measured)
+    return min(k for k, rate in measured if rate >= BEST_SHARE * best)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+# ---- where each cell stands ----------------------------------------------------------------------
+
+
+def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The finished run of each cell's configuration, by hash: under the output folder (its own folder first, as
+    ``lra.train`` looks) and committed under ``runs_dir``."""
+    from . import results
+
+    hashes = {cell.config_hash for cell in cells}
+    found: dict[str, Path] = {}
+    own = [Path(cell.folder) / results.RESULTS_FILE for cell in cells]
+    others = sorted(output_dir.rglob(results.RESULTS_FILE)) if output_dir.is_dir() else []
+    for path in own + others:
+        try:
+            if not any(digest in path.read_text() for digest in hashes):
+                continue
+        except OSError:
+            continue
+        record = results.read(path)
+        if record and record.status == "finished" and record.stage is None and record.config_hash in hashes:
+            found.setdefault(record.config_hash, path)
+    committed: dict[str, Path] = {}
+    for path in sorted(runs_dir.glob("*.json")) if runs_dir.is_dir() else []:
+        record = results.read(path)
+        if record and record.status == "finished" and record.config_hash in hashes:
+            committed.setdefault(record.config_hash, path)
+    return found, committed
+
+
+def progress(folder: Path) -> tuple[int | None, float | None]:
+    """The latest logged step of a run and its latest validation accuracy, from its metrics.csv."""
+    path = folder / "metrics" / "metrics.csv"
+    step, val = None, None
+    try:
+        with open(path, newline="") as file:
+            for row in csv.DictReader(file):
+                if row.get("step"):
+                    step = int(float(row["step"])) + 1  # Lightning logs step s after s + 1 updates
+                if row.get("val/acc"):
+                    val = float(row["val/acc"])
+    except (OSError, ValueError):
+        pass
+    return step, val
+
+
+@dataclass
+class CellState:
+    cell: Cell
+    status: str  # finished | committed | running | failed | interrupted | pending
+    detail: str
+    record: Path | None = None  # the finished record, for pack
+
+
+def cell_states(campaign: Path, plan: dict[str, Any]) -> list[CellState]:
+    from . import results
+
+    cells = [Cell(**cell) for cell in plan["cells"]]
+    found, committed = finished_records(cells, Path(plan["output_dir"]), Path(plan["runs_dir"]))
+    alive = run_lock.holder(campaign) is not None
+    states = []
+    for cell in cells:
+        folder = Path(cell.folder)
+        exit_file = campaign / CELLS / f"{cell.index}.exit"
+        launched = (campaign / CELLS / f"{cell.index}.log").is_file()
+        step, val = progress(folder)
+        steps = f"step {step or 0}/{cell.max_steps}" + (f", val acc {val:.4f}" if val is not None else "")
+        if cell.config_hash in found:
+            record = results.read(found[cell.config_hash])
+            where = "" if found[cell.config_hash].parent == folder else f" (in {found[cell.config_hash].parent})"
+            states.append(CellState(cell, "finished", f"test acc {record.test_acc:.4f}{where}", found[cell.config_hash]))
+        elif cell.config_hash in committed:
+            states.append(CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}"))
+        elif holder := run_lock.holder(folder):
+            states.append(CellState(cell, "running", f"{steps} ({holder})"))
+        elif launched and exit_file.is_file():
+            record = results.read(folder / results.RESULTS_FILE)
+            status = record.status if record and record.status in ("failed", "interrupted") else "failed"
+            error = record.error if record and record.error else f"exit status {exit_file.read_text().strip()}, no record"
+            states.append(CellState(cell, status, f"{steps}: {error.splitlines()[0][:160]}"))
+        elif launched and alive:
+            states.append(CellState(cell, "running", "starting"))
+        elif launched:
+            states.append(CellState(cell, "failed", f"{steps}: the campaign stopped while it ran (see {LOG_FILE})"))
+        else:
+            states.append(CellState(cell, "pending", steps if step else ""))
+    return states
+
+
+# ---- start and run ---------------------------------------------------------------------------------
+
+
+def read_plan(campaign: Path) -> dict[str, Any]:
+    path = campaign / PLAN_FILE
+    if not path.is_file():
+        raise CampaignError(f"no campaign in {campaign} ({PLAN_FILE} is missing); start one with python -m lra.campaign start", 1)
+    return json.loads(path.read_text())
+
+
+def write_json(path: Path, value: Any) -> None:
+    staging = path.with_suffix(path.suffix + ".tmp")
+    staging.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(staging, path)
+
+
+def start(args: argparse.Namespace) -> int:
+    campaign = args.dir.absolute()
+    if holder := run_lock.holder(campaign):
+        raise CampaignError(f"a campaign is running in {campaign} ({holder}); python -m lra.campaign status shows it", 1)
+    cells, datasets, trainer = make_plan(args.overrides)
+    parallel = chosen_parallel(args.parallel, trainer, args.results)
+    share = Share.of(parallel, cores())
+    if not args.dry_run:
+        check_device(trainer)
+    plan = {
+        "overrides": args.overrides,
+        "parallel": share.parallel,
+        "threads_per_cell": share.threads,
+        "workers_per_cell": share.workers,
+        "cores": cores(),
+        "cwd": str(Path.cwd()),
+        "output_dir": str(Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")).absolute()),
+        "runs_dir": str(args.results.absolute() / "runs"),
+        "stop_after_s": args.stop_after,
+        "planned_at": now(),
+        "host": socket.gethostname(),
+        "datasets": datasets,
+        "cells": [asdict(cell) for cell in cells],
+    }
+    if args.dry_run:
+        print(describe(plan))
+        for state in cell_states(campaign, plan):
+            print(f"  {state.status:<11} {state.cell.name}  {' '.join(cell_command(state.cell, share)[0][3:])}")
+        if str(trainer.accelerator) in ("gpu", "cuda"):
+            with contextlib.suppress(CampaignError):
+                check_device(trainer)
+                return 0
+            print("note: no CUDA GPU is visible here; start refuses these cells on this machine")
+        return 0
+    campaign.mkdir(parents=True, exist_ok=True)
+    (campaign / CELLS).mkdir(exist_ok=True)
+    for old in (campaign / CELLS).iterdir():  # the previous plan's cells
+        old.unlink()
+    write_json(campaign / PLAN_FILE, plan)
+    if args.foreground:
+        return run(campaign)
+    with open(campaign / LOG_FILE, "a") as logfile:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "lra.campaign", "run", "--dir", str(campaign)],
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this command, its terminal and its process group
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and daemon.poll() is None and not run_lock.holder(campaign):
+        time.sleep(0.2)
+    if daemon.poll() not in (None, 0):
+        tail = (campaign / LOG_FILE).read_text(errors="replace").splitlines()[-15:]
+        raise CampaignError("the campaign stopped at once:\n" + "\n".join(tail), 1)
+    print(describe(plan))
+    print(f"Started in the background (pid {daemon.pid}); its log: {campaign / LOG_FILE}")
+    print(f"Progress: python -m lra.campaign status --dir {campaign}")
+    return 0
+
+
+def describe(plan: dict[str, Any]) -> str:
+    return (
+        f"Campaign {' '.join(plan['overrides'])}: {len(plan['cells'])} cells, {plan['parallel']} at a time on "
+        f"{plan['cores']} cores ({plural(plan['threads_per_cell'], 'thread')} and at most "
+        f"{plural(plan['workers_per_cell'], 'data-loader worker')} each)"
+    )
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Stopping:
+    """SIGTERM / SIGINT to the campaign: launch nothing more, let the running cells save their checkpoint and end."""
+
+    def __init__(self) -> None:
+        self.why: str | None = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.why = self.why or f"signal {signal.Signals(signum).name}"
+
+
+def prepare_data(datasets: list[dict[str, Any]]) -> None:
+    """Generate and prepare each distinct data set once, before any cell starts (each under its own lock)."""
+    from .data.tasks import prepare_task
+
+    for dataset in datasets:
+        start_time = time.monotonic()
+        resolved = prepare_task(dataset["task"], dataset["data"])
+        log.info("Data of %s ready in %.0f s: %s", dataset["task"], time.monotonic() - start_time, resolved.folder)
+
+
+def run(campaign: Path) -> int:
+    """Run the plan in ``campaign`` in this process: the data first, then the cells not yet finished, K at a time."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S", force=True)
+    plan = read_plan(campaign)
+    share = Share(plan["parallel"], plan["threads_per_cell"], plan["workers_per_cell"])
+    try:
+        with run_lock.held(campaign):
+            return run_cells(campaign, plan, share)
+    except run_lock.RunFolderBusy as busy:
+        log.error("error: %s", busy)
+        return 1
+
+
+def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
+    stopping = Stopping()
+    log.info("%s; pid %d on %s", describe(plan), os.getpid(), socket.gethostname())
+    states = cell_states(campaign, plan)
+    todo = [state.cell for state in states if state.status not in ("finished", "committed")]
+    log.info("%d cells finished or committed, %d to run", len(states) - len(todo), len(todo))
+    if todo:
+        try:
+            prepare_data(plan["datasets"])
+        except Exception as error:  # the cells would all fail the same way: one message
+            log.error("error: preparing the data failed: %s: %s", type(error).__name__, error)
+            return 1
+    deadline = time.monotonic() + plan["stop_after_s"] if plan.get("stop_after_s") else None
+    running: dict[int, tuple[subprocess.Popen, Cell, float]] = {}
+    queue = list(todo)
+    ended = []
+    signalled = False
+    while queue or running:
+        if deadline is not None and time.monotonic() > deadline and not stopping.why:
+            stopping.why = f"--stop-after {plan['stop_after_s']} s"
+        if stopping.why and not signalled:
+            log.info(
+                "Stopping (%s): %d running cells save their checkpoint; %d not started", stopping.why, len(running), len(queue)
+            )
+            for process, _, _ in running.values():
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+            queue, signalled, stop_time = [], True, time.monotonic()
+        while queue and len(running) < share.parallel:
+            cell = queue.pop(0)
+            command, env = cell_command(cell, share)
+            with open(campaign / CELLS / f"{cell.index}.log", "w") as output:
+                output.write(f"$ {' '.join(command)}\n# env: {' '.join(f'{k}={v}' for k, v in env.items())}\n")
+                output.flush()
+                process = subprocess.Popen(
+                    command,
+                    cwd=plan["cwd"],
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                )
+            running[cell.index] = (process, cell, time.monotonic())
+            log.info("launched %s (pid %d, %d running)", cell.name, process.pid, len(running))
+        time.sleep(0.5)
+        for index, (process, cell, started) in list(running.items()):
+            if process.poll() is None:
+                if signalled and time.monotonic() - stop_time > STOP_GRACE_S:
+                    process.kill()
+                continue
+            (campaign / CELLS / f"{index}.exit").write_text(f"{process.returncode}\n")
+            del running[index]
+            ended.append(cell)
+            log.info("ended %s: exit status %d after %.0f s", cell.name, process.returncode, time.monotonic() - started)
+    from .sweep import summary
+
+    lines, failed = summary([{"folder": cell.folder} for cell in ended]) if ended else ([], 0)
+    log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
+    return 1 if failed or stopping.why else 0
+
+
+# ---- status, stop ----------------------------------------------------------------------------------
+
+
+def status_text(campaign: Path, plan: dict[str, Any]) -> str:
+    states = cell_states(campaign, plan)
+    holder = run_lock.holder(campaign)
+    counts = {
+        name: sum(s.status == name for s in states)
+        for name in ("finished", "committed", "running", "failed", "interrupted", "pending")
+    }
+    lines = [describe(plan), f"Campaign process: {'running, ' + holder if holder else 'not running'}"]
+    lines.append(
+        f"{len(states)} cells: " + ", ".join(f"{count} {name}" for name, count in counts.items() if count or name == "finished")
+    )
+    width = max(len(s.cell.name) for s in states)
+    for state in states:
+        lines.append(f"  {state.status:<11} {state.cell.name:<{width}}  {state.detail}")
+    return "\n".join(lines)
+
+
+def status(args: argparse.Namespace) -> int:
+    campaign = args.dir.absolute()
+    plan = read_plan(campaign)
+    deadline = time.monotonic() + (args.wait or 0)
+    last_line = 0.0
+    while args.wait and run_lock.holder(campaign) and time.monotonic() < deadline:
+        if time.monotonic() - last_line >= args.every:
+            states = cell_states(campaign, plan)
+            counts = ", ".join(
+                f"{sum(s.status == n for s in states)} {n}" for n in ("finished", "committed", "running", "pending")
+            )
+            print(f"{datetime.now().strftime('%H:%M:%S')} {counts}", flush=True)
+            last_line = time.monotonic()
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+    print(status_text(campaign, plan))
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    campaign = args.dir.absolute()
+    holder = run_lock.holder(campaign)
+    if not holder:
+        print(f"No campaign is running in {campaign}")
+        return 0
+    match = re.match(r"pid (\d+) on (\S+)", holder)
+    if not match or match.group(2) != socket.gethostname():
+        raise CampaignError(f"the campaign in {campaign} runs on another machine or cannot be named ({holder})", 1)
+    os.kill(int(match.group(1)), signal.SIGTERM)
+    print(f"Stopping the campaign (pid {match.group(1)}): its running cells save their checkpoint; start resumes them")
+    return 0
+
+
+# ---- pack and unpack --------------------------------------------------------------------------------
+
+
+def pack(args: argparse.Namespace) -> int:
+    from .results import RunRecord
+    from .table import run_file_name
+
+    campaign = args.dir.absolute()
+    plan = read_plan(campaign)
+    states = cell_states(campaign, plan)
+    out = (args.out or campaign / "campaign_runs.tar.gz").absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    members: dict[str, bytes] = {}
+    for state in states:
+        if state.status != "finished" or state.record is None:
+            continue
+        record = RunRecord.read(state.record)
+        name = run_file_name(record)
+        members[f"results/runs/{name}"] = (
+            json.dumps(record.to_dict(committed=True), indent=2, sort_keys=True, default=str) + "\n"
+        ).encode()
+        metrics = state.record.parent / "metrics" / "metrics.csv"
+        if metrics.is_file():
+            members[f"results/runs/{CURVES}/{name.removesuffix('.json')}.csv"] = metrics.read_bytes()
+    for state in states:  # what went wrong, to read back home: the end of each failed cell's train.log
+        train_log = Path(state.cell.folder) / "train.log"
+        if state.status in ("failed", "interrupted") and train_log.is_file():
+            members[f"campaign/failed/{state.cell.index}.log"] = "\n".join(
+                train_log.read_text(errors="replace").splitlines()[-200:]
+            ).encode()
+    members["campaign/status.txt"] = (status_text(campaign, plan) + "\n").encode()
+    members[f"campaign/{PLAN_FILE}"] = (campaign / PLAN_FILE).read_bytes()
+    if (campaign / LOG_FILE).is_file():
+        members[f"campaign/{LOG_FILE}"] = (campaign / LOG_FILE).read_bytes()[-2_000_000:]
+    staging = out.with_name(out.name + ".partial")
+    with tarfile.open(staging, "w:gz") as archive:
+        for name, data in sorted(members.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    os.replace(staging, out)
+    runs = sum(name.endswith(".json") and name.startswith("results/runs/") for name in members)
+    print(f"{out}: {runs} finished runs of {len(states)} cells, with their curves ({out.stat().st_size / 1024:.0f} KiB)")
+    print(f"Into a checkout: python -m lra.campaign unpack {out.name}")
+    return 0
+
+
+RUN_MEMBER = re.compile(r"results/runs/[\w.,+=@-]+\.json")
+CURVE_MEMBER = re.compile(rf"results/runs/{CURVES}/[\w.,+=@-]+\.csv")
+CAMPAIGN_MEMBER = re.compile(r"campaign/[\w./-]+")
+
+
+def unpack(args: argparse.Namespace) -> int:
+    from .results import RunRecord
+
+    if not args.archive.is_file():
+        raise CampaignError(f"{args.archive} is not a file")
+    root = Path.cwd()
+    logs = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")) / "unpacked" / args.archive.name.split(".")[0]
+    try:
+        archive = tarfile.open(args.archive, "r:gz")
+    except (tarfile.TarError, OSError) as error:
+        raise CampaignError(f"{args.archive} is not a campaign archive ({error})") from None
+    with archive:
+        members = archive.getmembers()
+        for member in members:
+            known = any(pattern.fullmatch(member.name) for pattern in (RUN_MEMBER, CURVE_MEMBER, CAMPAIGN_MEMBER))
+            if not member.isfile() or not known or ".." in member.name.split("/"):
+                raise CampaignError(
+                    f"{args.archive} holds {member.name!r}, which is not part of a campaign archive; nothing unpacked"
+                )
+        contents = {member.name: archive.extractfile(member).read() for member in members}
+    records = {}
+    for name, data in contents.items():
+        if RUN_MEMBER.fullmatch(name):
+            try:
+                record = RunRecord.from_dict(json.loads(data))
+            except ValueError as error:
+                raise CampaignError(f"{name} in {args.archive} is not a run record ({error}); nothing unpacked") from None
+            if record.status != "finished" or not record.config_hash:
+                raise CampaignError(f"{name} in {args.archive} is not a finished run's record; nothing unpacked")
+            records[name] = record
+    new = 0
+    for name, data in sorted(contents.items()):
+        target = root / name if name.startswith("results/") else logs / name.removeprefix("campaign/")
+        new += name in records and not target.exists()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    runs = root / "results" / "runs"
+    print(f"{len(records)} finished run records ({new} new) into {runs}, their curves into {runs / CURVES}")
+    print(f"The campaign's status and log: {logs}")
+    return 0
+
+
+# ---- measure: cells per hour against K -------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace) -> int:
+    from . import results
+
+    try:
+        ks = [int(value) for value in args.parallel.split(",") if value.strip()]
+    except ValueError:
+        raise CampaignError(f"--parallel takes whole numbers separated by commas, got {args.parallel!r}") from None
+    for k in ks or [0]:
+        Share.of(k, 1)
+    if args.steps < 1:
+        raise CampaignError(f"--steps must be at least 1, got {args.steps}")
+    cells, datasets, trainer = make_plan(args.overrides)
+    check_device(trainer)
+    cell = cells[0]
+    device = device_slug(trainer)
+    scratch = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")).absolute() / "campaign_measure" / time.strftime("%Y%m%d-%H%M%S")
+    print(
+        f"Measuring {cell.name} ({len(cells)} cells in the plan; the first), {args.steps} of its {cell.max_steps} steps, "
+        f"K = {', '.join(map(str, ks))} on {cores()} cores; runs in {scratch}",
+        flush=True,
+    )
+    if args.dry_run:
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    prepare_data(datasets)
+    rows = []
+    for k in ks:
+        share = Share.of(k, cores())
+        processes = []
+        start_time = time.monotonic()
+        for copy in range(k):
+            keyed = {o.split("=", 1)[0]: o for o in cell.overrides}
+            changes = {
+                "seed": MEASURE_SEED + copy,
+                "task.protocol.max_steps": args.steps,
+                "paths.output_dir": scratch / f"k{k}",
+                "paths.runs_dir": scratch / "no_runs",
+            }
+            keyed.update({key: f"{key}={value}" for key, value in changes.items()})
+            copy_cell = Cell(**{**asdict(cell), "overrides": list(keyed.values())})
+            command, env = cell_command(copy_cell, share)
+            (scratch / f"k{k}").mkdir(parents=True, exist_ok=True)
+            output = open(scratch / f"k{k}" / f"copy{copy}.log", "w")  # open while the copy runs
+            processes.append(
+                (subprocess.Popen(command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT), output)
+            )
+        for process, output in processes:
+            process.wait()
+            output.close()
+        wall = time.monotonic() - start_time
+        records = [results.read(path) for path in sorted((scratch / f"k{k}").rglob(results.RESULTS_FILE))]
+        done = [r for r in records if r and r.status == "finished"]
+        steps_per_hour = len(done) * args.steps * 3600 / wall
+        rows.append(
+            {
+                "device": device,
+                "parallel": k,
+                "threads_per_cell": share.threads,
+                "workers_per_cell": min(cell.num_workers, share.workers),
+                "steps": args.steps,
+                "paper_steps": cell.max_steps,
+                "wall_s": round(wall, 1),
+                "cell_steps_per_hour": round(steps_per_hour),
+                "cells_per_hour": round(steps_per_hour / cell.max_steps, 3),
+                "speedup": "",
+                "mean_steps_per_second": round(sum(r.steps_per_second or 0 for r in done) / max(1, len(done)), 3),
+                "max_peak_memory_mb": max((r.peak_memory_mb or 0 for r in done), default=0),
+                "finished": f"{len(done)}/{k}",
+                "cell": " ".join(cell.overrides),
+                "commit": results.git_commit(),
+            }
+        )
+        print(
+            f"K={k}: {len(done)}/{k} finished in {wall:.1f} s, {rows[-1]['cells_per_hour']} cells of "
+            f"{cell.max_steps} steps per hour",
+            flush=True,
+        )
+    base = rows[0]["cells_per_hour"] if rows and rows[0]["parallel"] == 1 else None
+    for row in rows:
+        row["speedup"] = round(row["cells_per_hour"] / base, 2) if base else ""
+    from .bench.output import write_csv
+
+    path = args.out / f"cells_per_hour_{device}.csv"
+    write_csv(rows, path, CURVE_FIELDS)
+    figure(rows, path.with_suffix(".png"))
+    best = (
+        best_parallel([{key: str(value) for key, value in row.items()} for row in rows])
+        if any(r["cells_per_hour"] for r in rows)
+        else None
+    )
+    print(f"wrote {path}" + (f"; start --parallel auto would run {best} cells at a time" if best else ""))
+    return 0 if all(row["finished"] == f"{row['parallel']}/{row['parallel']}" for row in rows) else 1
+
+
+def figure(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([r["parallel"] for r in rows], [r["cells_per_hour"] for r in rows], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cells at once on one device (K)")
+    ax.set_ylabel(f"cells of {rows[0]['paper_steps']} steps per hour")
+    ax.set_title(f"{rows[0]['device']}: {rows[0]['cell']}", fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="python -m lra.campaign", description=__doc__.split("\n\n")[0])
+    commands = main.add_subparsers(dest="command", required=True)
+
+    def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument(
+            "--dir", type=Path, default=default_dir(), help="the campaign's folder (default: <output folder>/campaign)"
+        )
+        return sub
+
+    begin = with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background"))
+    begin.add_argument(
+        "--parallel", default="1", help="cells at once (K), or auto: from the measured cells_per_hour_<device>.csv"
+    )
+    begin.add_argument("--results", type=Path, default=Path("results"), help="the committed results (runs/ is skipped)")
+    begin.add_argument("--foreground", action="store_true", help="run in this process instead of in the background")
+    begin.add_argument("--stop-after", type=float, default=None, metavar="S", help="after S seconds, interrupt the running cells")
+    begin.add_argument("--dry-run", action="store_true", help="list the cells and what would run, and exit")
+    begin.add_argument("overrides", nargs="*", help="the sweep, as python -m lra.train -m takes it")
+    with_dir(commands.add_parser("run", help="what start runs in the background: the planned campaign, in this process"))
+    look = with_dir(commands.add_parser("status", help="each cell: finished, committed, running (step), failed, pending"))
+    look.add_argument("--wait", type=float, default=None, metavar="S", help="first wait up to S seconds for the campaign to end")
+    look.add_argument("--every", type=float, default=60, metavar="S", help="while waiting, a line of counts every S seconds")
+    with_dir(commands.add_parser("stop", help="interrupt the campaign: running cells save their checkpoint"))
+    wrap = with_dir(commands.add_parser("pack", help="the finished cells' committed records and curves, in one tar.gz"))
+    wrap.add_argument("--out", type=Path, default=None, help="the archive (default: <dir>/campaign_runs.tar.gz)")
+    unwrap = commands.add_parser("unpack", help="a packed archive's records and curves into results/ of this folder")
+    unwrap.add_argument("archive", type=Path)
+    curve = commands.add_parser("measure", help="cells per hour against K: cells_per_hour_<device>.{csv,png}")
+    curve.add_argument("--parallel", required=True, help="the values of K, separated by commas (1,2,4,8)")
+    curve.add_argument("--steps", type=int, default=200, help="steps of each copy (default 200)")
+    curve.add_argument("--out", type=Path, default=Path("results"), help="where the curve goes (default: results/)")
+    curve.add_argument("--dry-run", action="store_true", help="say what would be measured, and exit")
+    curve.add_argument("overrides", nargs="*", help="the cell, as python -m lra.train takes it (a sweep: its first cell)")
+    return main
+
+
+COMMANDS = {"start": start, "status": status, "stop": stop, "pack": pack, "unpack": unpack, "measure": measure}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return run(args.dir.absolute())
+        return COMMANDS[args.command](args)
+    except CampaignError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
