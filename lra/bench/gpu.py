@@ -15,10 +15,13 @@ step that fails:
 ``efficiency``  a short ``python -m lra.bench efficiency`` (every attention, n = 512, 2048, 8192)
 ``train``     ``python -m lra.train -m trainer=gpu attention=<every preset>``: a short run of
               each preset on the smoke ListOps (generated), outputs in a fresh folder
+``cells``     ``python -m lra.campaign measure``: cells per hour against the cells run at once
+              on the GPU (K = 1..16), 200-step copies of Table 3's softmax ListOps cell
+              (the paper-size ListOps is generated first where it is missing)
 ============  ================================================================================
 
 It writes into ``--out`` (default ``results/`` of the current folder): ``kernels_cuda.{csv,png}``,
-``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, each step's full output in
+``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, ``cells_per_hour_<device>.{csv,png}``, each step's full output in
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
@@ -64,6 +67,8 @@ TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a 
     "task.protocol.val_check_interval=30",
     "task.protocol.limit_val_batches=4",
 ]
+CELLS_CELL = ["experiment=table3", "task=listops", "attention=softmax", "trainer=gpu"]  # the cell the cells step copies
+CELLS_PARALLEL = "1,2,4,8,16"
 
 
 @dataclass
@@ -178,6 +183,23 @@ def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter
             [python, "-m", "lra.train", "-m", f"attention={','.join(preset_names())}", *TRAIN_OVERRIDES],
             570,
             {"LRA_OUTPUT_DIR": str(train_dir)},
+        ),
+        Step(
+            "cells",
+            [
+                python,
+                "-m",
+                "lra.campaign",
+                "measure",
+                "--parallel",
+                CELLS_PARALLEL,
+                "--steps",
+                "200",
+                "--out",
+                str(out),
+                *CELLS_CELL,
+            ],
+            570,
         ),
     ]
     for step in steps:
@@ -337,7 +359,21 @@ def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[s
         return kernels_figures(out), True
     if name == "efficiency":
         return efficiency_figures(out), True
+    if name == "cells":
+        return cells_figures(out)
     return train_figures(train_dir, out)
+
+
+def cells_figures(out: Path) -> tuple[list[str], bool]:
+    """Cells per hour at each K, from the newest cells_per_hour_cuda*.csv; whether every copy finished."""
+    curves = sorted(out.glob("cells_per_hour_cuda*.csv"), key=lambda path: path.stat().st_mtime)
+    rows = read_csv(curves[-1]) if curves else []
+    figures = [
+        f"K={r['parallel']}: {r['cells_per_hour']} cells of {r['paper_steps']} steps per hour (x{r['speedup']}), "
+        f"{r['finished']} finished in {r['wall_s']} s"
+        for r in rows
+    ]
+    return figures or ["no curve written"], bool(rows) and all(r["finished"] == f"{r['parallel']}/{r['parallel']}" for r in rows)
 
 
 # ---- the summary ---------------------------------------------------------------------------------

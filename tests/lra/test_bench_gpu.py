@@ -13,7 +13,7 @@ import torch
 from lra import config
 from lra.bench import gpu
 
-STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train"]
+STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train", "cells"]
 
 
 def test_the_plan_runs_every_step_in_order_and_a_dry_run_prints_it(tmp_path, capsys):
