@@ -68,10 +68,29 @@ def test_multihead_rotates_queries_and_keys_before_the_core_attention():
 
 
 def test_an_attention_with_tied_queries_and_keys_gets_them_rotated_alike():
-    torch.manual_seed(0)
-    layer = MultiHeadAttention(16, 2, "reformer", seq_len=16, head_dim=8, rotary=True).eval()
-    out = layer(torch.randn(2, 16, 16), torch.ones(2, 16, dtype=torch.bool))
-    assert out.shape == (2, 16, 16) and torch.isfinite(out).all()
+    """The core attention of a tied layer (Reformer's) receives the rotated queries as its keys, not the unrotated
+    projection (issue 41: leaving the tied keys unrotated passed every test that only checked shapes)."""
+    seen = {}
+
+    @attention_zoo.register("tied_spy_for_the_test")
+    class TiedSpy(attention_zoo.Attention):
+        tie_query_key = True
+
+        def attend(self, q, k, v, mask):
+            seen.update(q=q.clone(), k=k.clone())
+            return v
+
+    try:
+        torch.manual_seed(0)
+        layer = MultiHeadAttention(16, 2, "tied_spy_for_the_test", seq_len=16, head_dim=8, rotary=True).eval()
+        x = torch.randn(2, 16, 16)
+        layer(x, torch.ones(2, 16, dtype=torch.bool))
+    finally:
+        attention_zoo.unregister("tied_spy_for_the_test")
+    expected = apply_rotary(layer.split_heads(layer.query(x)), rotary_angles(16, 8))  # (b, h, n, d)
+    torch.testing.assert_close(seen["q"], expected)
+    torch.testing.assert_close(seen["k"], expected, msg="tied keys are the rotated queries")
+    assert not torch.allclose(seen["k"], layer.split_heads(layer.query(x))), "the rotation changes them"
 
 
 @pytest.mark.parametrize("name", attention_zoo.available())

@@ -582,3 +582,12 @@ def test_precision_is_part_of_a_cells_identity_and_its_title():
     assert not any(s.duplicates for s in result.sections)
     assert [s.title for s in table.build([bf16]).sections] == ["smoke, precision=bf16-mixed"], "a lone bf16 run says so"
     assert [s.title for s in table.build([float32, older]).sections] == ["smoke"]
+
+
+def test_the_listops_split_puts_a_mean_of_exactly_28_on_the_learning_side():
+    """A mean at exactly LISTOPS_SPLIT is on the side of the rows at 34-37% (issue 41: the old test's cell at
+    ``100 * 0.28`` is 28.000000000000004, so ``>=`` and ``>`` gave the same table)."""
+    index = pd.MultiIndex.from_tuples([("a", "listops"), ("b", "listops"), ("c", "listops")], names=["label", "task"])
+    cells = pd.DataFrame({"mean": [28.0, np.nextafter(28.0, 0), 28.0], "paper": [37.1, 37.1, 19.2]}, index=index)
+    assert table.LISTOPS_SPLIT == 28.0 and cells["mean"].iloc[0] == 28.0
+    assert table.on_papers_side(cells).tolist() == [True, False, False]
