@@ -23,34 +23,47 @@ class Clock:
 class Module:
     device = torch.device("cpu")
 
-    def __init__(self):
-        self.logged = {}
 
-    def log(self, name, value, **options):
-        self.logged[name] = (value, options)
+class Trainer:
+    """What TrainingSpeed reads of a Trainer: whether the step ends with a metrics row."""
+
+    def __init__(self):
+        self.row_due = False
+        self._logger_connector = self
+
+    @property
+    def should_update_logs(self):
+        return self.row_due
 
 
 def test_the_rate_counts_training_batches_and_the_loading_between_them_but_no_evaluation(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(callbacks.time, "perf_counter", clock)
-    speed, module = callbacks.TrainingSpeed(), Module()
+    waits = []
+    monkeypatch.setattr(callbacks, "wait_for_device", lambda device: waits.append(clock.now))
+    speed, module, trainer = callbacks.TrainingSpeed(), Module(), Trainer()
     assert callbacks.steps_per_second([speed]) is None  # no step yet
 
-    def batch(loading, step):
+    def batch(loading, step, row=False):
         clock.now += loading  # the loader, before the batch starts
-        speed.on_train_batch_start(None, module, None, 0)
+        speed.on_train_batch_start(trainer, module, None, 0)
         clock.now += step
-        speed.on_train_batch_end(None, module, None, None, 0)
+        trainer.row_due = row
+        speed.on_train_batch_end(trainer, module, None, None, 0)
 
     batch(loading=100.0, step=1.0)  # start-up: only the step counts
-    batch(loading=1.0, step=1.0)  # 2 s: its loading counts
-    speed.on_validation_start(None, module)
+    assert speed.steps_per_second is None  # a window is read at its end: a metrics row, an evaluation, the end
+    batch(loading=1.0, step=1.0, row=True)  # 2 s: its loading counts
+    assert (speed.steps, speed.seconds) == (2, 3.0)
+    batch(loading=1.0, step=1.0)  # the next window continues where the last ended: 2 s
+    speed.on_validation_start(trainer, module)
     clock.now += 50.0  # the evaluation and its checkpoint
     batch(loading=0.5, step=1.5)  # from its own start: 1.5 s
-    assert (speed.steps, speed.seconds) == (3, 4.5)
-    assert callbacks.steps_per_second([object(), speed]) == round(3 / 4.5, 4)
-    value, options = module.logged["train/steps_per_s"]
-    assert value == 3 / 4.5 and options == {"prog_bar": True, "logger": False}
+    speed.on_train_end(trainer, module)
+    assert (speed.steps, speed.seconds) == (4, 6.5)
+    assert callbacks.steps_per_second([object(), speed]) == round(4 / 6.5, 4)
+    # The device is waited for where a window ends or starts afresh, never at the other steps.
+    assert waits == [100.0, 103.0, 105.0, 155.5, 157.0]
 
 
 class Regression(pl.LightningModule):
@@ -118,10 +131,11 @@ class InterruptedRegression(Regression):
         return torch.utils.data.DataLoader(data, batch_size=4)
 
 
-def fit_with_interruptions(module, root, resume_from=None):
+def fit_with_interruptions(module, root, resume_from=None, log_every_n_steps=50):
     on_interrupt = callbacks.CheckpointOnInterrupt(dirpath=str(root), filename="last")
     trainer = pl.Trainer(
         max_steps=12,
+        log_every_n_steps=log_every_n_steps,
         val_check_interval=5,
         check_val_every_n_epoch=None,
         callbacks=[on_interrupt],
@@ -160,6 +174,17 @@ def test_an_interruption_stops_after_the_next_step_with_nothing_due_and_the_resu
     trainer = fit_with_interruptions(resumed, tmp_path, resume_from=tmp_path / "last.ckpt")
     assert trainer.global_step == 12
     assert first.evaluated_at + resumed.evaluated_at == [5, 10], "each evaluation once, at its step"
+
+
+def test_an_interruption_does_not_stop_where_a_metrics_row_is_due(tmp_path):
+    """The LRA tasks other than ListOps log metrics rows at steps that do not evaluate (Text: every 50 steps,
+    evaluating every 500), so a stop must also wait out a step that writes a row (issue 41: no test reached that
+    branch). A signal in step 3, the end of the first epoch (3 batches), with a row due every 4 steps: step 4 writes a
+    row, 5 evaluates, 6 ends an epoch, so the run stops after step 7, not 4."""
+    module = InterruptedRegression(3, "SIGINT")
+    with pytest.raises(SystemExit):
+        fit_with_interruptions(module, tmp_path, log_every_n_steps=4)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 7
 
 
 def wait_for_a_signal(ready) -> None:
