@@ -747,7 +747,8 @@ def measure(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise CampaignError(f"--steps must be at least 1, got {args.steps}")
     cells, datasets, trainer = make_plan(args.overrides)
-    check_device(trainer)
+    if not args.dry_run:
+        check_device(trainer)
     cell = cells[0]
     device = device_slug(trainer)
     scratch = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")).absolute() / "campaign_measure" / time.strftime("%Y%m%d-%H%M%S")
@@ -760,6 +761,7 @@ def measure(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     prepare_data(datasets)
+    path = args.out / f"cells_per_hour_{device}.csv"
     rows = []
     for k in ks:
         share = Share.of(k, cores())
@@ -812,14 +814,7 @@ def measure(args: argparse.Namespace) -> int:
             f"{cell.max_steps} steps per hour",
             flush=True,
         )
-    base = rows[0]["cells_per_hour"] if rows and rows[0]["parallel"] == 1 else None
-    for row in rows:
-        row["speedup"] = round(row["cells_per_hour"] / base, 2) if base else ""
-    from .bench.output import write_csv
-
-    path = args.out / f"cells_per_hour_{device}.csv"
-    write_csv(rows, path, CURVE_FIELDS)
-    figure(rows, path.with_suffix(".png"))
+        write_curve(rows, path)  # after each K: a command stopped by its time limit keeps what it measured
     best = (
         best_parallel([{key: str(value) for key, value in row.items()} for row in rows])
         if any(r["cells_per_hour"] for r in rows)
@@ -827,6 +822,17 @@ def measure(args: argparse.Namespace) -> int:
     )
     print(f"wrote {path}" + (f"; start --parallel auto would run {best} cells at a time" if best else ""))
     return 0 if all(row["finished"] == f"{row['parallel']}/{row['parallel']}" for row in rows) else 1
+
+
+def write_curve(rows: list[dict[str, Any]], path: Path) -> None:
+    """The curve's CSV and PNG, each K's speedup over K = 1 where K = 1 was measured first."""
+    from .bench.output import write_csv
+
+    base = rows[0]["cells_per_hour"] if rows[0]["parallel"] == 1 else None
+    for row in rows:
+        row["speedup"] = round(row["cells_per_hour"] / base, 2) if base else ""
+    write_csv(rows, path, CURVE_FIELDS)
+    figure(rows, path.with_suffix(".png"))
 
 
 def figure(rows: list[dict[str, Any]], path: Path) -> None:
