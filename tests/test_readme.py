@@ -196,6 +196,21 @@ RULES = [
     ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
     Rule(
+        r"^python -m lra\.campaign (start|measure) ",
+        append=("--dry-run",),
+        why="trains for hours on a GPU: every cell composed and listed, what would run",
+    ),
+    Rule(r"^python -m lra\.campaign stop$", why="no campaign runs here: says so"),
+    Rule(
+        r"^python -m lra\.campaign (status|unpack)",
+        not_run="reads a campaign or the archive of one; tests/lra/test_campaign.py starts one, polls it, packs and unpacks it",
+    ),
+    Rule(
+        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site)",
+        not_run="a GPU window's command, on the GPU machine",
+    ),
+    Rule(r"^(mkdir -p \.whl|cp \.\./shared/device-wheels/)", not_run="copies the wheels a GPU window installs into the checkout"),
+    Rule(
         r"^python -m lra\.bench pathfinder_cnn",
         append=("--contour-lengths", "6", "--num-images", "100", "--steps", "4", "--eval-every", "2", "--batch-size", "16")
         + ("--generated-dir", "generated", "--quiet", "--out", "bench"),
