@@ -328,10 +328,16 @@ def test_variants_keep_the_mask_contract_and_train(hparams):
     mask[2] = False
     out = attn(q, k, v, mask)
     assert (out[1, :, 20:] == 0).all() and (out[2] == 0).all()
-    out.square().sum().backward()
+    # Not out.square().sum(): YOSO normalises every output row, so that loss is constant and its gradients are
+    # rounding noise (issue 41); a fixed random weighting of the outputs is a loss that depends on q, k and v.
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+    # With one hash of 16 bits a query collides with almost no key of 33, so most gradients are exactly zero there.
+    collides = hparams.get("hash_bits") != 16
     for tensor in (q, k, v):
         assert torch.isfinite(tensor.grad).all()
-    assert (v.grad[1, :, 20:] == 0).all() or "conv_window" in hparams, "padded values never reach a real query"
+        assert not collides or tensor.grad[0].abs().amax() > 1e-2, "a real gradient, not rounding noise"
+    assert (v.grad[1, :, 20:] == 0).all() and (v.grad[2] == 0).all(), "padded values never reach a real query"
+    assert not collides or (v.grad[1, :, :20] != 0).any(), "real values do"
 
 
 def test_conv_window_adds_the_depthwise_convolution_of_the_masked_values():
