@@ -170,6 +170,32 @@ def test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeyp
         torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("case, dtype", GRID, ids=[f"{case}-{str(dtype)[6:]}" for case, dtype in GRID])
+def test_the_radix_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, case, dtype):
+    """lsh_cumulation's radix-sort path: a tau too large for the counting sort's table of 2^tau
+    buckets takes it, and YOSO_CUDA_CUMULATION=radix forces it (the cases above run the counting sort)."""
+    monkeypatch.setenv("YOSO_CUDA_CUMULATION", "radix")
+    test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, "lsh_cumulation", case, dtype)
+
+
+def test_the_cumulation_takes_the_counting_sort_unless_tau_is_too_large(emulated, monkeypatch):
+    """Three launches and no sort for tau = ceil(log2 n) (the LRA rule); the radix path for a tau
+    whose table of 2^tau bucket ends would exceed max(4096, 2 nk); a bad setting is an error."""
+    counts = {}
+    for hash_bits in (6, 14):
+        case = Case("choice", batch=2, num_queries=64, num_keys=64, dim=16, channels=8, hash_bits=hash_bits, num_hashes=4)
+        x = make_inputs(case, torch.float32)
+        before = emulated.statistics()
+        out = emulated.ops.lsh_cumulation(*op_arguments("lsh_cumulation", x, hash_bits))
+        after = emulated.statistics()
+        counts[hash_bits] = (after["launches"] - before["launches"], after["sorts"] - before["sorts"])
+        torch.testing.assert_close(out, reference.lsh_cumulation(*op_arguments("lsh_cumulation", x, hash_bits)))
+    assert counts[6] == (3, 0) and counts[14][1] == 1, counts
+    monkeypatch.setenv("YOSO_CUDA_CUMULATION", "bucket")
+    with pytest.raises(ValueError, match="YOSO_CUDA_CUMULATION must be 'counting' or 'radix', got 'bucket'"):
+        emulated.ops.lsh_cumulation(*op_arguments("lsh_cumulation", x, 14))
+
+
 @pytest.mark.parametrize("case", CASES[:2] + CASES[3:], ids=str)
 @pytest.mark.parametrize("dim", [16, 160, 600])
 def test_hash_codes_match_the_reference_under_every_schedule(emulated, case, dim):

@@ -88,6 +88,24 @@ MUTANTS = [
         "      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);\n"
         "      int64_t lo, hi;\n      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {\n        continue;\n      }\n#pragma unroll",
     ),
+    Mutant(
+        "racy_bucket_cursor",
+        "bucket_index_kernel's leader moves its bucket's cursor before its peers have read it",
+        "      __syncwarp();  // every peer has read the cursor before its leader moves it\n",
+        "",
+    ),
+    Mutant(
+        "unranked_bucket_rows",
+        "bucket_index_kernel places every key of a bucket among 32 at the cursor, ignoring its rank among its peers",
+        "          segment_rows[cursor + __popc(peers & ((1u << lane) - 1u))] = static_cast<int>(j);\n",
+        "          segment_rows[cursor] = static_cast<int>(j);\n",
+    ),
+    Mutant(
+        "inclusive_bucket_scan",
+        "bucket_index_kernel starts each bucket at its end (an inclusive scan of the counts)",
+        "          ends[c] = carry + inclusive - count;\n",
+        "          ends[c] = carry + inclusive;\n",
+    ),
 ]
 
 

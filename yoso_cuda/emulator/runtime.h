@@ -85,7 +85,7 @@ T shuffle(Collective kind, unsigned mask, T value, int lane_arg, int width, int 
 }  // namespace emu
 
 #define __syncthreads() ::emu::syncthreads(__LINE__)
-#define __syncwarp(...) ::emu::syncwarp_at(__LINE__, ##__VA_ARGS__)
+#define __syncwarp(...) ::emu::syncwarp_at(__LINE__, ::emu::mask_or_full(__VA_ARGS__))
 #define __shfl_sync(mask, value, lane, ...) \
   ::emu::shuffle(::emu::Collective::Shfl, (mask), (value), (lane), ::emu::width_or_warp(__VA_ARGS__), __LINE__)
 #define __shfl_xor_sync(mask, value, lane_mask, ...) \
@@ -110,9 +110,11 @@ uint64_t match_bits(T value) {
   static_assert(std::is_integral<T>::value && sizeof(T) <= sizeof(uint64_t), "__match_any_sync takes an integer");
   return static_cast<uint64_t>(value);
 }
+constexpr unsigned mask_or_full() { return 0xffffffffu; }  // __syncwarp() without a mask
+constexpr unsigned mask_or_full(unsigned mask) { return mask; }
 constexpr int width_or_warp() { return 32; }
 constexpr int width_or_warp(int width) { return width; }
-inline void syncwarp_at(int line, unsigned mask = 0xffffffffu) { warp_collective(Collective::SyncWarp, mask, 0, 0, 32, line); }
+inline void syncwarp_at(int line, unsigned mask) { warp_collective(Collective::SyncWarp, mask, 0, 0, 32, line); }
 }  // namespace emu
 
 // ---------------------------------------------------------------------------------------------

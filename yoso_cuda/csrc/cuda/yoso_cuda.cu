@@ -6,7 +6,10 @@
 // at::globalContext().deterministicAlgorithms(); there is a single path. CI runs these kernels on
 // the CPU under yoso_cuda/emulator in three schedules and with sanitizers.
 //
-// The LSH ops share one structure, processed a chunk of hashes at a time (memory linear in n):
+// lsh_cumulation (YOSO's forward and its grad V) runs on a counting sort with direct lookup: three
+// launches, no host synchronisation, no sort, no chunks (bucket_index_kernel and below). The other
+// ops, and lsh_cumulation for a tau too large for a table of 2^tau buckets, keep the radix-sort
+// structure below, processed a chunk of hashes at a time (memory linear in n):
 //   0. a code outside [0, 2^tau) fails a device-side assertion (no host synchronisation);
 //   1. per (batch row b, hash h) a segment of nk sort keys ((segment << (tau + 1)) | code), padded
 //      keys carrying bit tau so that they sort last in their segment and match no query;
@@ -36,6 +39,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -52,6 +56,8 @@ constexpr int kLaneColumns = 4;                  // output columns per lane held
 constexpr int kTileColumns = kWarp * kLaneColumns;
 constexpr int kPiece = 64;                       // sorted keys per partial bucket sum (lsh_cumulation)
 constexpr int kHeavyMin = 32;                    // buckets of at most this many keys are always enumerated
+static_assert(kHeavyMin <= kWarp, "bucket_lookup_kernel enumerates a light bucket in one pass of the warp");
+constexpr int64_t kCountingMinBuckets = 4096;    // the counting sort's bucket table may always have this many entries
 constexpr int kTableOutputs = 4 * kBlock;        // outer-product table entries per block (4 per thread)
 constexpr int kMaxWidth = 8192;                  // largest Hadamard width (shared memory of one block)
 constexpr int64_t kDefaultChunkBytes = int64_t(256) << 20;  // scratch of one chunk of hashes
@@ -410,6 +416,232 @@ __global__ void __launch_bounds__(kBlock) cumulation_query_kernel(
       const int64_t column = tile + lane + k * kWarp;
       if (column < channels) {
         out_row[column] = last ? acc[k] / static_cast<float>(num_hashes) : acc[k];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// lsh_cumulation by counting sort (the default; the radix path above remains for tau too large for
+// a table of 2^tau buckets per hash, and under YOSO_CUDA_CUMULATION=radix)
+//
+// Three launches, no sort, no binary search, no chunks: per segment (b, h), a table of 2^tau bucket
+// ends and the real keys' indices in bucket order (index order within a bucket, so every sum below
+// runs in a fixed order and the results are bitwise reproducible); the sums of buckets of more than
+// kHeavyMin keys, at most nk / (kHeavyMin + 1) rows per segment; then each query looks up its bucket
+// in each hash directly. Scratch: B m (2^tau + nk) ints and B m nk / (kHeavyMin + 1) x c floats.
+
+// One warp per segment (b, h) = (segment / m, segment % m). Walks the keys in index order 32 at a
+// time: the lanes holding one code find each other with __match_any_sync, the lowest of them adds
+// their count (a histogram without atomics); a warp scan turns the counts into bucket starts; a
+// second walk places each key at its bucket's cursor plus its rank among its peers and advances the
+// cursor, which leaves ends[code] = the end of bucket `code` (its start is ends[code - 1], or 0).
+__global__ void __launch_bounds__(kBlock) bucket_index_kernel(
+    const int* __restrict__ codes, const bool* __restrict__ mask, int* __restrict__ bucket_end, int* __restrict__ rows,
+    int64_t num_segments, int64_t num_keys, int num_hashes, int hash_bits) {
+  const int64_t segment = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (segment >= num_segments) {
+    return;  // warp-uniform
+  }
+  const int64_t b = segment / num_hashes;
+  const int h = static_cast<int>(segment % num_hashes);
+  const int64_t buckets = int64_t(1) << hash_bits;
+  int* ends = bucket_end + segment * buckets;
+  int* segment_rows = rows + segment * num_keys;
+  for (int64_t c = lane; c < buckets; c += kWarp) {
+    ends[c] = 0;
+  }
+  __syncwarp();
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {  // counts -> exclusive starts (the cursors of the placement pass)
+      int carry = 0;
+      for (int64_t c0 = 0; c0 < buckets; c0 += kWarp) {
+        const int64_t c = c0 + lane;
+        const int count = c < buckets ? ends[c] : 0;
+        int inclusive = count;
+#pragma unroll
+        for (int offset = 1; offset < kWarp; offset <<= 1) {
+          const int below = __shfl_up_sync(kFullMask, inclusive, offset);
+          inclusive += lane >= offset ? below : 0;
+        }
+        if (c < buckets) {
+          ends[c] = carry + inclusive - count;
+        }
+        carry += __shfl_sync(kFullMask, inclusive, kWarp - 1);
+      }
+      __syncwarp();
+    }
+    for (int64_t j0 = 0; j0 < num_keys; j0 += kWarp) {
+      const int64_t j = j0 + lane;
+      int code = -1;  // no bucket: past the end or padded
+      if (j < num_keys) {
+        const int key_code = codes[(b * num_keys + j) * num_hashes + h];
+        CUDA_KERNEL_ASSERT_MSG((static_cast<unsigned>(key_code) >> hash_bits) == 0u,
+                               "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
+                               "with the same hash_bits");
+        code = mask[b * num_keys + j] ? key_code : -1;
+      }
+      const unsigned peers = __match_any_sync(kFullMask, code);
+      const bool leader = lane == __ffs(peers) - 1;
+      const int cursor = code >= 0 ? ends[code] : 0;
+      __syncwarp();  // every peer has read the cursor before its leader moves it
+      if (code >= 0) {
+        if (pass == 1) {
+          segment_rows[cursor + __popc(peers & ((1u << lane) - 1u))] = static_cast<int>(j);
+        }
+        if (leader) {
+          ends[code] = cursor + __popc(peers);
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// A bucket's sorted positions [lo, hi) from the ends table of its segment.
+__device__ __forceinline__ void bucket_range(const int* __restrict__ ends, int code, int& lo, int& hi) {
+  lo = code == 0 ? 0 : ends[code - 1];
+  hi = ends[code];
+}
+
+// One warp per (segment, slot): a bucket of more than kHeavyMin keys is heavy, and heavy buckets
+// start at least kHeavyMin + 1 positions apart, so at most one starts in slot s's positions
+// [s (kHeavyMin + 1), (s + 1) (kHeavyMin + 1)); its sum over its keys in sorted order goes to
+// heavy_sums[segment, s]. Slots without one write nothing (no query reads them).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) heavy_bucket_sums_kernel(
+    const int* __restrict__ codes, const int* __restrict__ bucket_end, const int* __restrict__ rows,
+    const scalar_t* __restrict__ values, float* __restrict__ heavy_sums, int64_t num_slots_total, int64_t slots,
+    int64_t num_keys, int64_t channels, int num_hashes, int hash_bits) {
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (item >= num_slots_total) {
+    return;  // warp-uniform
+  }
+  const int64_t segment = item / slots;
+  const int64_t slot = item - segment * slots;
+  const int64_t b = segment / num_hashes;
+  const int h = static_cast<int>(segment % num_hashes);
+  const int* ends = bucket_end + segment * (int64_t(1) << hash_bits);
+  const int* segment_rows = rows + segment * num_keys;
+  const int num_real = ends[(int64_t(1) << hash_bits) - 1];
+  const int first = static_cast<int>(slot * (kHeavyMin + 1));
+  const int stop = static_cast<int>(min64(first + kHeavyMin + 1, num_real));
+  int start = -1, end = -1;
+  for (int p0 = first; p0 < stop; p0 += kWarp) {  // warp-uniform
+    const int p = p0 + lane;
+    bool heavy_start = false;
+    int lane_end = 0;
+    if (p < stop) {
+      const int code = codes[(b * num_keys + segment_rows[p]) * num_hashes + h];
+      const bool starts = p == 0 || codes[(b * num_keys + segment_rows[p - 1]) * num_hashes + h] != code;
+      lane_end = ends[code];
+      heavy_start = starts && lane_end - p > kHeavyMin;
+    }
+    const unsigned found = __ballot_sync(kFullMask, heavy_start);
+    if (found != 0u) {
+      const int source = __ffs(found) - 1;
+      start = p0 + source;
+      end = __shfl_sync(kFullMask, lane_end, source);
+      break;
+    }
+  }
+  if (start < 0) {
+    return;  // warp-uniform
+  }
+  const scalar_t* batch_values = values + b * num_keys * channels;
+  float* sums = heavy_sums + item * channels;
+  for (int64_t column0 = 0; column0 < channels; column0 += kWarp) {
+    const int64_t column = column0 + lane;
+    float sum = 0.0f;
+    for (int pos0 = start; pos0 < end; pos0 += kWarp) {
+      const int count = static_cast<int>(min64(kWarp, end - pos0));
+      const int lane_j = lane < count ? segment_rows[pos0 + lane] : 0;
+      for (int t = 0; t < count; ++t) {
+        const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+        if (column < channels) {
+          sum += static_cast<float>(batch_values[j * channels + column]);
+        }
+      }
+    }
+    if (column < channels) {
+      sums[column] = sum;
+    }
+  }
+}
+
+// One warp per query (b, i), writing out[b, i] whole (padded queries get zeros, so the output needs
+// no zero fill). For each 128-column tile, for each hash in order: acc += the sum of the query's
+// bucket (a heavy bucket's precomputed sum, or its keys' values in sorted order); out = acc / m.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
+    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const int* __restrict__ bucket_end,
+    const int* __restrict__ rows, const scalar_t* __restrict__ values, const float* __restrict__ heavy_sums,
+    float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t channels,
+    int64_t slots, int num_hashes, int hash_bits) {
+  const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= num_queries_total) {
+    return;  // warp-uniform
+  }
+  const int* q_codes = query_codes + query * num_hashes;
+  for (int h = lane; h < num_hashes; h += kWarp) {
+    CUDA_KERNEL_ASSERT_MSG((static_cast<unsigned>(q_codes[h]) >> hash_bits) == 0u,
+                           "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
+                           "with the same hash_bits");
+  }
+  const bool real = query_mask[query];
+  const int64_t b = query / num_queries;
+  const int64_t buckets = int64_t(1) << hash_bits;
+  const scalar_t* batch_values = values + b * num_keys * channels;
+  float* out_row = out + query * channels;
+  for (int64_t tile = 0; tile < channels; tile += kTileColumns) {
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      acc[k] = 0.0f;
+    }
+    for (int h = 0; h < num_hashes && real; ++h) {  // warp-uniform
+      const int64_t segment = b * num_hashes + h;
+      int lo, hi;
+      bucket_range(bucket_end + segment * buckets, q_codes[h], lo, hi);
+      float sum[kLaneColumns];
+      if (hi - lo > kHeavyMin) {
+        const float* bucket_sum = heavy_sums + (segment * slots + lo / (kHeavyMin + 1)) * channels;
+#pragma unroll
+        for (int k = 0; k < kLaneColumns; ++k) {
+          const int64_t column = tile + lane + k * kWarp;
+          sum[k] = column < channels ? bucket_sum[column] : 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kLaneColumns; ++k) {
+          sum[k] = 0.0f;
+        }
+        const int count = hi - lo;  // <= kHeavyMin = one warp's worth
+        const int lane_j = lane < count ? rows[segment * num_keys + lo + lane] : 0;
+        for (int t = 0; t < count; ++t) {
+          const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+#pragma unroll
+          for (int k = 0; k < kLaneColumns; ++k) {
+            const int64_t column = tile + lane + k * kWarp;
+            if (column < channels) {
+              sum[k] += static_cast<float>(batch_values[j * channels + column]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        acc[k] += sum[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t column = tile + lane + k * kWarp;
+      if (column < channels) {
+        out_row[column] = acc[k] / static_cast<float>(num_hashes);
       }
     }
   }
@@ -872,6 +1104,56 @@ at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs
   return codes;
 }
 
+// Whether lsh_cumulation runs on the counting sort. YOSO_CUDA_CUMULATION=radix forces the radix path
+// (its tests use it); otherwise the table of 2^tau bucket ends per hash must hold at most
+// max(kCountingMinBuckets, 2 nk) entries, true for the LRA rule tau = ceil(log2 n). A larger tau,
+// whose buckets hold about one key, takes the radix path rather than a table mostly empty.
+bool use_counting_sort(int hash_bits, int64_t num_keys) {
+  const char* text = std::getenv("YOSO_CUDA_CUMULATION");
+  const std::string choice = text == nullptr ? "" : text;
+  TORCH_CHECK_VALUE(choice.empty() || choice == "counting" || choice == "radix",
+                    "YOSO_CUDA_CUMULATION must be 'counting' or 'radix', got '", choice, "'");
+  return choice != "radix" && hash_bits <= 30 &&
+         (int64_t(1) << hash_bits) <= std::max<int64_t>(kCountingMinBuckets, 2 * num_keys);
+}
+
+// lsh_cumulation by counting sort: three launches (bucket_index_kernel, heavy_bucket_sums_kernel,
+// bucket_lookup_kernel), the values read in their own dtype, the output written whole.
+at::Tensor lsh_cumulation_counting(const at::Tensor& query_codes, const at::Tensor& query_mask, const Side& keys,
+                                   const at::Tensor& values, int hash_bits, cudaStream_t stream) {
+  const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = keys.codes.size(1);
+  const int64_t num_hashes = query_codes.size(2), channels = values.size(2);
+  auto out = at::empty({batch, num_queries, channels}, values.options().dtype(at::kFloat));
+  if (out.numel() == 0) {
+    check_codes_in_range(query_codes, keys.codes, hash_bits, stream);  // nothing to look up, but bad codes still fail
+    return out;
+  }
+  const int64_t buckets = int64_t(1) << hash_bits;
+  const int64_t segments = batch * num_hashes;
+  const int64_t slots = num_keys / (kHeavyMin + 1);
+  at::Tensor bucket_end = at::empty({segments * buckets}, query_codes.options());
+  at::Tensor rows = at::empty({segments * num_keys}, query_codes.options());
+  at::Tensor heavy_sums = at::empty({segments * slots * channels}, out.options());
+  bucket_index_kernel<<<warp_grid(segments), kBlock, 0, stream>>>(keys.codes.data_ptr<int>(), keys.mask.data_ptr<bool>(),
+                                                                  bucket_end.data_ptr<int>(), rows.data_ptr<int>(), segments,
+                                                                  num_keys, static_cast<int>(num_hashes), hash_bits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_cumulation_counting", [&] {
+    if (segments * slots > 0) {
+      heavy_bucket_sums_kernel<scalar_t><<<warp_grid(segments * slots), kBlock, 0, stream>>>(
+          keys.codes.data_ptr<int>(), bucket_end.data_ptr<int>(), rows.data_ptr<int>(), values.data_ptr<scalar_t>(),
+          heavy_sums.data_ptr<float>(), segments * slots, slots, num_keys, channels, static_cast<int>(num_hashes), hash_bits);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    bucket_lookup_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
+        query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), bucket_end.data_ptr<int>(), rows.data_ptr<int>(),
+        values.data_ptr<scalar_t>(), heavy_sums.data_ptr<float>(), out.data_ptr<float>(), batch * num_queries, num_queries,
+        num_keys, channels, slots, static_cast<int>(num_hashes), hash_bits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
 at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
                                const at::Tensor& key_codes_in, const at::Tensor& key_mask_in, const at::Tensor& values_in,
                                int64_t hash_bits) {
@@ -889,6 +1171,9 @@ at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tenso
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
   const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
+  if (use_counting_sort(tau, num_keys)) {
+    return lsh_cumulation_counting(query_codes, query_mask, keys, values_in.contiguous(), tau, stream);
+  }
   check_codes_in_range(query_codes, keys.codes, tau, stream);
   auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
   if (batch == 0 || num_queries == 0 || num_keys == 0 || channels == 0) {
