@@ -385,7 +385,9 @@ def cell_states(campaign: Path, plan: dict[str, Any]) -> list[CellState]:
         elif launched and exit_file.is_file():
             record = results.read(folder / results.RESULTS_FILE)
             status = record.status if record and record.status in ("failed", "interrupted") else "failed"
-            error = record.error if record and record.error else f"exit status {exit_file.read_text().strip()}, no record"
+            error = record.error if record and record.error else f"exit status {exit_file.read_text().strip()}"
+            error += "" if record else ", no record"
+            error += "; start resumes it from its last.ckpt" if status == "interrupted" else ""
             states.append(CellState(cell, status, f"{steps}: {error.splitlines()[0][:160]}"))
         elif launched and alive:
             states.append(CellState(cell, "running", "starting"))

@@ -209,3 +209,20 @@ def test_measure_writes_cells_per_hour_against_k(tmp_path, environment):
     ]
     assert all(float(row["cells_per_hour"]) > 0 for row in rows) and rows[0]["speedup"] == "1.0"
     assert (out / "cells_per_hour_cpu.png").stat().st_size > 0 and "start --parallel auto would run" in measured.stdout
+
+
+def test_stop_interrupts_the_campaign_process_that_holds_the_folder(tmp_path, capsys):
+    folder = tmp_path / "campaign"
+    assert campaign.main(["stop", "--dir", str(folder)]) == 0 and "No campaign is running" in capsys.readouterr().out
+    hold = "\n".join(
+        ["import sys, time", "from lra import run_lock", "with run_lock.held(sys.argv[1]):", "    print('held', flush=True)"]
+        + ["    time.sleep(120)"]
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert campaign.main(["stop", "--dir", str(folder)]) == 0
+        assert holder.wait(timeout=30) == -signal.SIGTERM and f"pid {holder.pid}" in capsys.readouterr().out
+    finally:
+        if holder.poll() is None:
+            holder.kill()
