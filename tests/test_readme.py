@@ -206,7 +206,7 @@ RULES = [
         not_run="reads a campaign or the archive of one; tests/lra/test_campaign.py starts one, polls it, packs and unpacks it",
     ),
     Rule(
-        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site)",
+        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site|cp -r results/.* \$OUT/$)",
         not_run="a GPU window's command, on the GPU machine",
     ),
     Rule(r"^(mkdir -p \.whl|cp \.\./shared/device-wheels/)", not_run="copies the wheels a GPU window installs into the checkout"),
