@@ -17,50 +17,76 @@ import torch
 from pytorch_lightning.callbacks import Callback, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
+from .module import metrics_row_due
+
 
 class TrainingSpeed(Callback):
-    """Training steps per second of this process, in the progress bar (``train/steps_per_s``) and in ``results.json``.
+    """Training steps per second of this process, in the progress bar (``train/steps_per_s``, shown by
+    :class:`StepProgressBar`) and in ``results.json``.
 
-    The time counted is that of the training batches: from the end of one training batch to the end of the next,
-    so each step's batch loading counts, or from the batch's start where the previous batch is not the one just
-    before (the first batch of the process, of an epoch, the first after an evaluation), so validation, testing,
-    the evaluation's checkpoint and the start-up never do. On a GPU each batch's end waits for the device
-    (``synchronize``), so that the rate is the device's, not the rate at which work is queued. Only this process's
-    steps count: after a resume the rate is that of the resumed part, never mixed with the interrupted one's.
+    The time counted is that of the training batches, in windows of consecutive ones: a window ends at the step that
+    writes a metrics row (every ``trainer.log_every_n_steps``), before an evaluation, at an epoch's end and at the end
+    of training, and the next one starts where it ended (so each step's batch loading counts) or, after an
+    evaluation, an epoch's end or at the start, at its first batch's start (so validation, testing, the evaluation's
+    checkpoint and the start-up never count). On a GPU a window's end, and a window's start that does not continue
+    the previous one, wait for the device (``synchronize``): the rate is that of the device finishing the steps, not
+    of the host queueing them, and no other step waits, so the measurement does not slow what it measures (a wait
+    per step left the device idle while the host prepared the next). Only this process's steps count: after a resume
+    the rate is that of the resumed part, never mixed with the interrupted one's.
     """
 
     def __init__(self) -> None:
         self.steps = 0
         self.seconds = 0.0
-        self._since: float | None = None  # where the current batch's time starts
-        self._previous_end: float | None = None  # the end of the training batch just before, if nothing came between
+        self._since: float | None = None  # where the open window's time starts; None when no window is open
+        self._window_steps = 0  # training steps in the open window
+        self._previous_end: float | None = None  # the end of the window just before, if nothing came between
 
     @property
     def steps_per_second(self) -> float | None:
-        """The rate so far; None before the first timed step."""
+        """The rate over the windows ended so far; None before the first one ends."""
         return self.steps / self.seconds if self.seconds > 0 else None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._since = self._previous_end if self._previous_end is not None else time.perf_counter()
+        if self._since is None:
+            if self._previous_end is None:
+                wait_for_device(pl_module.device)  # what was queued before (an evaluation, the start-up) is not counted
+            self._since = self._previous_end if self._previous_end is not None else time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+        self._window_steps += 1
+        if metrics_row_due(trainer):  # Lightning reads the device here anyway
+            self._end_window(pl_module, continued=True)
+
+    def _end_window(self, pl_module: pl.LightningModule, continued: bool) -> None:
+        if self._since is None:
+            return
+        wait_for_device(pl_module.device)
         end = time.perf_counter()
-        if self._since is not None:
-            self.steps += 1
-            self.seconds += end - self._since
-        self._previous_end = end
-        if self.steps_per_second is not None:
-            pl_module.log("train/steps_per_s", self.steps_per_second, prog_bar=True, logger=False)
+        self.steps += self._window_steps
+        self.seconds += end - self._since
+        self._since, self._window_steps = None, 0
+        self._previous_end = end if continued else None
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._previous_end = None  # the next training batch's time starts at its own start
+        self._end_window(pl_module, continued=False)  # the next training batch's time starts at its own start
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._previous_end = None  # the next epoch's first batch waits for a new loader
+        self._end_window(pl_module, continued=False)  # the next epoch's first batch waits for a new loader
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end_window(pl_module, continued=False)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._end_window(pl_module, continued=False)
+
+
+def wait_for_device(device: torch.device) -> None:
+    """Wait until ``device`` has done the work queued on it (a GPU's; a CPU computes as it is asked)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
@@ -178,7 +204,9 @@ class StepProgressBar(TQDMProgressBar):
     A resumed run's bar starts at the step reached and its rate and time left count this process's steps
     only (Lightning's jumps from 0 to the resumed batch in its first update, so the rate it shows is that
     jump). The bar's rate is over wall time, evaluations included, which is what the time left needs;
-    ``train/steps_per_s`` beside it is the training steps' own (:class:`TrainingSpeed`).
+    ``train/steps_per_s`` beside it is the training steps' own (:class:`TrainingSpeed`). The logged values beside the
+    bar (loss, accuracy, rate) change at the steps that write a metrics row (``trainer.log_every_n_steps``): reading
+    them is a wait for a GPU, which the steps between never make.
     """
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -192,13 +220,27 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         pass  # one bar for the whole run: nothing restarts at an epoch's end
 
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """Lightning's bar values (the evaluations') with the training step's loss and accuracy as last logged, and the
+        training rate (:class:`TrainingSpeed`). The training values are not prog_bar values: Lightning would read those
+        from the device at every batch's end."""
+        metrics = super().get_metrics(trainer, pl_module)
+        logged = trainer.callback_metrics
+        training = {name: float(logged[name]) for name in ("train/loss", "train/acc") if name in logged}
+        speed = next((c.steps_per_second for c in trainer.callbacks if isinstance(c, TrainingSpeed)), None)
+        return {**training, **({"train/steps_per_s": speed} if speed is not None else {}), **metrics}
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         bar = self.train_progress_bar
-        if self._should_update(trainer.global_step, bar.total) and not bar.disable:
-            bar.n = trainer.global_step
-            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes the bar
+        if bar.disable:
+            return
+        if metrics_row_due(trainer):
+            # The logged values are read from the device (a wait for it) only where a metrics row reads them anyway.
+            bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        if self._should_update(trainer.global_step, bar.total):
+            bar.update(trainer.global_step - bar.n)  # redraws at most every tqdm mininterval (0.1 s)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.train_progress_bar.disable:

@@ -92,7 +92,14 @@ class LRADataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             generator=generator,
             persistent_workers=self.num_workers > 0,
+            # Batches in page-locked memory for a GPU: Lightning's copy to the device (non_blocking) is then truly
+            # asynchronous, where a copy from pageable memory waits for the host to stage it.
+            pin_memory=self.on_gpu(),
         )
+
+    def on_gpu(self) -> bool:
+        """Whether the attached Trainer computes on a CUDA device."""
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True, drop_last=True)

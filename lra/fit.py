@@ -30,6 +30,7 @@ from .module import (
     LRAMaskedLMModule,
     LRAModule,
     compile_backend,
+    compile_mode,
     compile_model,
     load_pretrained_encoder,
     read_checkpoint,
@@ -97,15 +98,20 @@ def checkpoint_step(path: Path) -> int:
     return read_checkpoint(path)["global_step"]
 
 
-def trainer_arguments(cfg: DictConfig) -> tuple[dict[str, Any], str | None]:
-    """The Trainer's arguments from ``conf/trainer`` and the ``torch.compile`` backend, if any: ``trainer.compile`` is
-    the harness's (:func:`lra.module.compile_model`), not a Trainer argument."""
+HARNESS_SETTINGS = ("compile", "compile_mode")  # trainer.* settings of the harness's, not Trainer arguments
+
+
+def trainer_arguments(cfg: DictConfig) -> tuple[dict[str, Any], str | None, str | None]:
+    """The Trainer's arguments from ``conf/trainer``, the ``torch.compile`` backend, if any, and its mode, if any:
+    ``trainer.compile`` and ``trainer.compile_mode`` are the harness's (:func:`lra.module.compile_model`), not Trainer
+    arguments."""
     compile_with = compile_backend(cfg.trainer.get("compile", False))
-    arguments = {key: value for key, value in cfg.trainer.items() if key != "compile"}
+    mode = compile_mode(cfg.trainer.get("compile_mode"), compile_with)
+    arguments = {key: value for key, value in cfg.trainer.items() if key not in HARNESS_SETTINGS}
     if compile_with is not None:
         # Fit's evaluations run under no_grad; testing under inference_mode would compile the model once more.
         arguments.setdefault("inference_mode", False)
-    return arguments, compile_with
+    return arguments, compile_with, mode
 
 
 def build_datamodule(cfg: DictConfig, world_size: int) -> LRADataModule:
@@ -220,13 +226,13 @@ def fit_and_test(
     ``init_from``), test its best-validation checkpoint; return the :class:`lra.results.RunRecord` keys it measured
     (none on a distributed run's ranks other than 0, which do not test). ``headline`` is logged with the parameter count.
     """
-    arguments, compile_with = trainer_arguments(cfg)
+    arguments, compile_with, mode = trainer_arguments(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg, world_size)
     module = build_module(cfg, stage, init_from)
     log.info("%s, %s parameters", headline, f"{sum(p.numel() for p in module.parameters()):,}")
     if compile_with is not None:
-        compile_model(module, compile_with)
+        compile_model(module, compile_with, mode)
     trainer = build_trainer(cfg, output_dir, resume_from, arguments)
     results.reset_peak_memory(trainer.strategy.root_device)
     on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
@@ -239,7 +245,7 @@ def fit_and_test(
         return {}
     with without_known_warnings():
         test_metrics = tester.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    return measured(cfg, datamodule, device, compile_with, trained, test_metrics)
+    return {**measured(cfg, datamodule, device, compile_with, trained, test_metrics), "compile_mode": mode}
 
 
 def measured(

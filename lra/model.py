@@ -132,7 +132,9 @@ class LRAEncoder(nn.Module):
         mask = input_ids != 0  # (b, n)
         x = self.token_embedding(input_ids)  # (b, n, dim)
         if self.position_embedding is not None:
-            x = x + self.position_embedding(torch.arange(input_ids.shape[1], device=input_ids.device))
+            # The table's first n rows: what position_embedding(arange(n)) gathers, to the bit, without building the
+            # index tensor each step or the gather's backward (a sort and a scatter on a GPU).
+            x = x + self.position_embedding.weight[: input_ids.shape[1]]
         x = self.embedding_dropout(x)
         for block in self.blocks:
             x = block(x, mask)

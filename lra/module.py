@@ -30,6 +30,9 @@ IGNORED = -100  # the label of a position the masked-prediction loss does not co
 # The settings a pretrained encoder must share with the model it starts.
 MODEL_DEFINING = ("task", "seq_len", "model", "attention")
 DEFAULT_COMPILE_BACKEND = "inductor"  # what trainer.compile=true compiles with
+# trainer.compile_mode: Inductor's modes (torch.compile's mode); reduce-overhead replays the compiled graphs as CUDA graphs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class LRAModule(pl.LightningModule):
@@ -70,9 +73,20 @@ class LRAModule(pl.LightningModule):
         self.model_config = ModelConfig.from_dict(model)
         self.attention_config = AttentionConfig(**attention)
 
+    # Set by compile_model when the network replays CUDA graphs: each step then marks its start for them.
+    marks_cuda_graph_steps = False
+
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=(0.9, 0.999), eps=hp.eps, weight_decay=hp.weight_decay)
+        parameters = list(self.parameters())
+        optimizer = torch.optim.AdamW(
+            parameters,
+            lr=hp.lr,
+            betas=(0.9, 0.999),
+            eps=hp.eps,
+            weight_decay=hp.weight_decay,
+            **adamw_implementation(parameters),
+        )
         schedule = torch.optim.lr_scheduler.OneCycleLR(
             optimizer,
             max_lr=hp.lr,
@@ -82,10 +96,16 @@ class LRAModule(pl.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def add_accuracies(self, num_classes: int, **options: Any) -> None:
-        """One accuracy metric per data split (``train_acc``, ``val_acc``, ``test_acc``)."""
-        for split in ("train", "val", "test"):
-            setattr(self, f"{split}_acc", torchmetrics.Accuracy(task="multiclass", num_classes=num_classes, **options))
+    def add_accuracies(self, num_classes: int, ignore_index: int | None = None) -> None:
+        """The evaluations' accuracy metrics (``val_acc``, ``test_acc``), accumulated on the device over an evaluation.
+
+        A training step's accuracy is its batch's alone (:func:`batch_accuracy`), the same number torchmetrics' forward
+        gave, without the metric's state kept, reset and merged around it (some forty small operations a step).
+        """
+        self.accuracy_ignore_index = ignore_index
+        for split in ("val", "test"):
+            accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes, ignore_index=ignore_index)
+            setattr(self, f"{split}_acc", accuracy)
 
     def loss_and_predictions(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The objective: ``(loss, logits, targets)`` of a batch, logits and targets as the accuracy reads them."""
@@ -95,24 +115,43 @@ class LRAModule(pl.LightningModule):
         """The module whose call is the model's forward pass (what :func:`compile_model` compiles): this one's ``forward``."""
         return self
 
-    def _step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
+    def training_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training step's computation: ``(loss, accuracy)`` of the batch, both tensors on the device (nothing waits
+        for it: see ``training_step``). ``lra.bench train`` times this step."""
+        if self.marks_cuda_graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         loss, logits, targets = self.loss_and_predictions(batch)
-        accuracy = getattr(self, f"{split}_acc")
-        accuracy(logits, targets)
-        on_step = split == "train"
-        # Epoch-level values are averaged over the processes of a distributed run.
-        self.log(f"{split}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
-        self.log(f"{split}/acc", accuracy, on_step=on_step, on_epoch=not on_step, prog_bar=True)
+        return loss, batch_accuracy(logits.detach(), targets, self.accuracy_ignore_index)
+
+    def evaluation_loss(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
+        """An evaluation batch's loss, its predictions added to the split's accuracy (on the device, read at the end)."""
+        if self.marks_cuda_graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss, logits, targets = self.loss_and_predictions(batch)
+        getattr(self, f"{split}_acc").update(logits, targets)
         return loss
 
     def training_step(self, batch, batch_idx):
-        return self._step(batch, "train")
+        loss, accuracy = self.training_loss(batch)
+        # Logged only at the steps that write a metrics row (trainer.log_every_n_steps), where the logger reads them (a
+        # wait for the device). Not as prog_bar values, which Lightning reads at every batch's end while they are
+        # current: lra.callbacks.StepProgressBar shows them, read at those same steps.
+        if metrics_row_due(self._trainer):
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
+            self.log("train/acc", accuracy, on_step=True, on_epoch=False)
+        return loss
+
+    def _evaluation_step(self, batch: dict[str, torch.Tensor], split: str) -> None:
+        loss = self.evaluation_loss(batch, split)
+        # Averaged over the evaluation's batches on the device, and over the processes of a distributed run.
+        self.log(f"{split}/loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log(f"{split}/acc", getattr(self, f"{split}_acc"), on_step=False, on_epoch=True, prog_bar=True)
 
     def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
+        self._evaluation_step(batch, "val")
 
     def test_step(self, batch, batch_idx):
-        self._step(batch, "test")
+        self._evaluation_step(batch, "test")
 
 
 class LRAClassificationModule(LRAModule):
@@ -153,8 +192,29 @@ def compile_backend(setting: bool | str) -> str | None:
     )
 
 
-def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND) -> None:
-    """Compile ``module``'s model with ``torch.compile`` in place (``nn.Module.compile``).
+def compile_mode(setting: str | None, backend: str | None) -> str | None:
+    """The Inductor mode a ``trainer.compile_mode`` setting asks for (None: torch.compile's default), checked against
+    the backend it goes with: a mode is Inductor's, so it needs ``trainer.compile=true`` (or ``inductor``)."""
+    if setting is None:
+        return None
+    if setting not in COMPILE_MODES:
+        raise ValueError(f"trainer.compile_mode must be one of {', '.join(COMPILE_MODES)} (or null), got {setting!r}")
+    if backend != DEFAULT_COMPILE_BACKEND:
+        raise ValueError(
+            f"trainer.compile_mode={setting} is a mode of Inductor: it needs trainer.compile=true (or inductor), "
+            f"not {'no compilation' if backend is None else repr(backend)}"
+        )
+    return setting
+
+
+def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND, mode: str | None = None) -> None:
+    """Compile ``module``'s model with ``torch.compile`` in place (``nn.Module.compile``), in Inductor's ``mode``.
+
+    ``mode="reduce-overhead"`` replays the compiled forward and backward as CUDA graphs on a GPU: one launch each
+    instead of one per kernel, which is most of a small model's step (on a CPU it is Inductor's default). Each step
+    then marks its start (``torch.compiler.cudagraph_mark_step_begin``) so that a graph's outputs are not taken for
+    the previous step's; the loss and the accuracy are computed outside the graphs, so what Lightning keeps of a
+    step is never overwritten by the next replay.
 
     Only the forward pass is compiled: the loss, the metrics and Lightning's loop around it stay
     eager. The model is compiled where it is, not wrapped, so the state dict and checkpoints keep
@@ -166,7 +226,34 @@ def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND) -> 
     from the start: every training and validation batch is full (they drop the last partial one), and
     a static size compiles the better kernels for all of them.
     """
-    module.network().compile(backend=backend)
+    module.network().compile(backend=backend, mode=compile_mode(mode, backend))
+    module.marks_cuda_graph_steps = mode in CUDA_GRAPH_MODES
+
+
+def adamw_implementation(parameters: list[torch.Tensor]) -> dict[str, Any]:
+    """AdamW's implementation option for ``parameters``: ``fused=True`` where every one is a floating CUDA tensor (the
+    whole update in one kernel launch instead of a dozen foreach launches, the same update to float rounding), else
+    torch's default (foreach on a GPU; on a CPU the per-parameter loop every earlier CPU run used, so its numbers stay)."""
+    if parameters and all(p.device.type == "cuda" and p.is_floating_point() for p in parameters):
+        return {"fused": True}
+    return {}
+
+
+def batch_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None) -> torch.Tensor:
+    """The share of ``targets`` that ``logits`` (..., classes) predict (argmax), as a tensor on their device: the
+    micro accuracy torchmetrics computes, without its state. Targets equal to ``ignore_index`` are not counted (a batch
+    with none counted has accuracy 0)."""
+    correct = logits.argmax(dim=-1) == targets
+    if ignore_index is None:
+        return correct.float().mean()
+    counted = targets != ignore_index
+    return (correct & counted).sum().float() / counted.sum().clamp(min=1).float()
+
+
+def metrics_row_due(trainer: pl.Trainer | None) -> bool:
+    """Whether the training step under way writes a metrics row (every ``trainer.log_every_n_steps`` steps, and at a
+    stop), where Lightning reads the logged values from the device; True without a Trainer."""
+    return trainer is None or trainer._logger_connector.should_update_logs
 
 
 def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, generator: torch.Generator | None = None):
@@ -187,11 +274,12 @@ def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, gene
 def masked_prediction_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross entropy averaged over the masked real tokens only: ``logits`` (b, n, vocab), ``labels`` (b, n).
 
-    A batch without a masked token (possible for very short inputs) has loss 0 and no gradient.
+    A batch without a masked token (possible for very short inputs) has loss 0 and a zero gradient. The sum over the
+    masked tokens is divided by their count on the device (what ``reduction="mean"`` computes), so no step waits to
+    learn whether a batch has any.
     """
-    if not (labels != IGNORED).any():
-        return logits.float().sum() * 0.0
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORED)
+    total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORED, reduction="sum")
+    return total / (labels != IGNORED).sum().clamp(min=1)
 
 
 class LRAMaskedLMModule(LRAModule):

@@ -235,6 +235,7 @@ class RunRecord:
     precision: str | None = None
     compiled: bool | None = None
     compile_backend: str | None = None
+    compile_mode: str | None = None  # trainer.compile_mode: Inductor's mode (reduce-overhead: CUDA graphs), None for its default
     error: str | None = None
     wall_time_s: float | None = None
     finished_at: str | None = None

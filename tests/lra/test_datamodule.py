@@ -15,7 +15,8 @@ def datamodule(batch_size, rank=None, world_size=None, seed=3):
     module = LRADataModule("listops", 16, {}, batch_size=batch_size, seed=seed)
     module.task_data = SimpleNamespace(splits={split: list(range(SAMPLES)) for split in ("train", "val", "test")})
     if world_size is not None:
-        module.trainer = SimpleNamespace(global_rank=rank, world_size=world_size)  # what Lightning attaches
+        cpu = SimpleNamespace(root_device=torch.device("cpu"))
+        module.trainer = SimpleNamespace(global_rank=rank, world_size=world_size, strategy=cpu)  # what Lightning attaches
     return module
 
 
