@@ -7,16 +7,26 @@ of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, ea
 rate and schedule), or at the lengths ``--seq-len`` gives::
 
     python -m lra.bench train [--tasks listops text ...] [--attentions none,softmax,yoso_32 ...] [--seq-len paper 8192 ...]
-        [--steps 3] [--warmup 1] [--precision 32|bf16-mixed] [--compile] [--batch N] [--device cpu|cuda] [--out results]
+        [--steps 3] [--warmup 1] [--precision 32|bf16-mixed] [--compile [--compile-mode reduce-overhead]] [--profile]
+        [--batch N] [--device cpu|cuda] [--out results]
 
 The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.train``'s module: the
 :class:`~lra.module.LRAClassificationModule` built with the settings ``lra.fit`` gives it, its
-``configure_optimizers()`` (AdamW, OneCycleLR), and per step ``zero_grad``, ``loss_and_predictions`` with the
-training accuracy's update (under bf16 autocast with ``--precision bf16-mixed``, as Lightning's; the attention stays
-in float32 where ``model.attention_in_float32`` says so), ``backward``, ``optimizer.step`` and ``scheduler.step``. What
-the Trainer adds around it (logging, the progress bar) is not part of it. ``--compile`` compiles the model first with
-:func:`lra.module.compile_model`, as ``trainer.compile=true`` does; the compilation (the call and the first step,
-where ``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
+``configure_optimizers()`` (AdamW, fused on a GPU, OneCycleLR), and per step ``zero_grad``, the module's
+``training_loss`` (the loss and the batch's accuracy, under bf16 autocast with ``--precision bf16-mixed``, as
+Lightning's; the attention stays in float32 where ``model.attention_in_float32`` says so), ``backward``,
+``optimizer.step`` and ``scheduler.step``. What the Trainer adds around it (logging, the progress bar) is not part of
+it. ``eval_ms`` is an evaluation batch's time, as validation takes it (``evaluation_loss`` under ``no_grad``: the
+loss and the accuracy's update). ``--compile`` compiles the model first with :func:`lra.module.compile_model`, as
+``trainer.compile=true`` does, in Inductor's ``--compile-mode`` as ``trainer.compile_mode`` (``reduce-overhead``: CUDA
+graphs); the compilation (the call and the first step, where ``torch.compile`` compiles) is timed on its own
+(``compile_s``), never in the step.
+
+``--profile``: after a cell's timing, :data:`PROFILED_STEPS` more steps under ``torch.profiler``, written to
+``<out>/train_<device type>_profile/<cell>.txt``: per phase of the step (zero_grad, forward, backward, optimizer,
+schedule) the host's milliseconds and, on a GPU, the kernels launched and their device milliseconds, then the
+profiler's table of operators. The row gets ``device_ms`` (the device's busy time per step, kernels and copies) and
+``kernels`` (launched per step): a step far longer than its ``device_ms`` waits on the host.
 
 Batches, data loading excluded: one random batch per cell in the shape of the task's batches (``input_ids``, or
 ``input_ids_0`` and ``input_ids_1``, and ``label``), already on the device (:func:`random_batch`).
@@ -59,7 +69,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +91,7 @@ from lra.bench.output import RESULTS, write_csv
 from lra.data import cache
 from lra.data.tasks import get_spec, resolve
 from lra.datamodule import LRADataModule
-from lra.module import LRAClassificationModule
+from lra.module import COMPILE_MODES, LRAClassificationModule
 from lra.results import device_name
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -110,8 +120,12 @@ FIELDS = [
     "noisy",
     "samples_per_s",
     "ratio_to_none",
+    "eval_ms",
+    "device_ms",
+    "kernels",
     "memory_mb",
     "compiled",
+    "compile_mode",
     "compile_s",
     "status",
     "error",
@@ -125,7 +139,7 @@ FIELDS = [
 
 
 # A row's identity: a later run of the same cell replaces it, every other row of the file is kept.
-VARIANT = ("precision", "compiled")
+VARIANT = ("precision", "compiled", "compile_mode")
 CELL = ("task", "seq_len", "attention", "data_loading", *VARIANT)
 NUMBERS = (
     "seq_len",
@@ -137,6 +151,9 @@ NUMBERS = (
     "spread",
     "attempts",
     "samples_per_s",
+    "eval_ms",
+    "device_ms",
+    "kernels",
     "memory_mb",
     "compile_s",
 )
@@ -158,6 +175,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with open(path, newline="") as file:
         rows = list(csv.DictReader(file))
     for row in rows:
+        for field in FIELDS:
+            row[field] = row.get(field) or ""  # a column an older file lacks: not measured (compile_mode: the default)
         for field in NUMBERS:
             value = row.get(field, "")
             if value != "":
@@ -265,12 +284,17 @@ def build_module(cfg: DictConfig, entry: Entry, seq_len: int) -> LRAClassificati
     )
 
 
+PHASES = ("zero_grad", "forward", "backward", "optimizer", "schedule")  # a step's parts, in order (--profile)
+PROFILED_STEPS = 5
+
+
 class TrainingStep:
     """One optimisation step of ``module``, as the Trainer takes it in ``lra.train`` (automatic optimisation).
 
-    ``zero_grad``, the training loss of ``loss_and_predictions`` and the training accuracy's update (under bf16
+    ``zero_grad``, the module's ``training_loss`` (the loss and the batch's accuracy, on the device; under bf16
     autocast for ``bf16-mixed``, as Lightning's precision plugin), ``backward``, the optimiser's step and the
-    schedule's (``interval: step``). The optimiser and schedule are the module's ``configure_optimizers()``.
+    schedule's (``interval: step``). The optimiser and schedule are the module's ``configure_optimizers()``. Each
+    phase (:data:`PHASES`) is a ``record_function`` range while ``profiling`` is set, for the profiler's breakdown.
     """
 
     def __init__(self, module: LRAClassificationModule, precision: str) -> None:
@@ -279,16 +303,75 @@ class TrainingStep:
         self.optimizer = optimisation["optimizer"]
         self.scheduler = optimisation["lr_scheduler"]["scheduler"]
         self.bf16 = precision == "bf16-mixed"
+        self.profiling = False
+        self.accuracy: torch.Tensor | None = None  # the last batch's, on the device, as the Trainer logs it
+
+    def phase(self, name: str):
+        return torch.profiler.record_function(f"step/{name}") if self.profiling else nullcontext()
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(self.module.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            loss, logits, targets = self.module.loss_and_predictions(batch)
-            self.module.train_acc(logits, targets)
-        loss.backward()
-        self.optimizer.step()
-        self.scheduler.step()
+        with self.phase("zero_grad"):
+            self.optimizer.zero_grad(set_to_none=True)
+        with self.phase("forward"), torch.autocast(self.module.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss, self.accuracy = self.module.training_loss(batch)
+        with self.phase("backward"):
+            loss.backward()
+        with self.phase("optimizer"):
+            self.optimizer.step()
+        with self.phase("schedule"):
+            self.scheduler.step()
         return loss
+
+    def evaluate(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """An evaluation batch, as validation takes it: the loss and the accuracy's update, without gradients."""
+        with torch.no_grad(), torch.autocast(self.module.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module.evaluation_loss(batch, "val")
+
+
+def profile_steps(
+    step: TrainingStep, next_batch: Callable[[], dict[str, torch.Tensor]], device: torch.device, path: Path, title: str
+) -> tuple[Any, Any]:
+    """Run :data:`PROFILED_STEPS` steps under ``torch.profiler``; write the breakdown to ``path``; ``(device_ms, kernels)``
+    per step (device: kernels, copies and sets on a GPU; empty on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step.profiling = True
+    try:
+        with profile(activities=activities) as profiler:
+            for _ in range(PROFILED_STEPS):
+                step(next_batch())
+            synchronize(device)
+    finally:
+        step.profiling = False
+    events = profiler.events()
+    ranges = {name: [e for e in events if e.name == f"step/{name}" and e.device_type.name == "CPU"] for name in PHASES}
+    # Each operator that launched work belongs to the phase whose range holds its start (the backward's operators run
+    # in autograd's device thread, outside the main thread's range, but within its time).
+    launched = {name: [0, 0.0] for name in (*PHASES, "other")}
+    for event in events:
+        kernels = getattr(event, "kernels", None) or []
+        if not kernels or event.device_type.name != "CPU":
+            continue
+        start = event.time_range.start
+        phase = next((n for n in PHASES for r in ranges[n] if r.time_range.start <= start <= r.time_range.end), "other")
+        launched[phase][0] += len(kernels)
+        launched[phase][1] += sum(kernel.duration for kernel in kernels) / 1e3
+    lines = [f"# {title}", f"# per step, the mean over {PROFILED_STEPS} profiled steps", ""]
+    lines.append(f"{'phase':<12} {'host ms':>9} {'kernels':>8} {'device ms':>10}")
+    for name in (*PHASES, "other"):
+        host = sum(r.time_range.elapsed_us() for r in ranges.get(name, [])) / 1e3 / PROFILED_STEPS
+        count, busy = launched[name]
+        host_text = f"{host:9.3f}" if name != "other" else f"{'':>9}"
+        lines.append(f"{name:<12} {host_text} {count / PROFILED_STEPS:8.1f} {busy / PROFILED_STEPS:10.3f}")
+    kernels = sum(count for count, _ in launched.values()) / PROFILED_STEPS
+    device_ms = sum(busy for _, busy in launched.values()) / PROFILED_STEPS
+    lines += ["", f"device busy per step: {device_ms:.3f} ms in {kernels:.1f} kernels" if device.type == "cuda" else "", ""]
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    lines.append(profiler.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=60))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return (round(device_ms, 3), round(kernels, 1)) if device.type == "cuda" else ("", "")
 
 
 def loading_data(cfg: DictConfig, seq_len: int, batch: int, batches: int, scratch: Path) -> tuple[dict[str, Any], bool]:
@@ -353,7 +436,7 @@ def measure_cell(
         from lra.module import compile_model  # torch.compile support: only where it is asked for
 
         start = time.perf_counter()
-        compile_model(module)
+        compile_model(module, mode=args.compile_mode)
         step(next_batch())  # torch.compile compiles on the first call
         synchronize(device)
         compile_s = round(time.perf_counter() - start, 2)
@@ -366,11 +449,24 @@ def measure_cell(
     memory = meter.peak_above_baseline()
     times = time_calls(lambda: step(next_batch()), device, args.steps)
     step_ms = round(statistics.median(times), 2)  # samples_per_s derives from the written figure so a row agrees with itself
+    module.eval()
+    eval_times = time_calls(lambda: step.evaluate(next_batch()), device, args.steps)
+    module.train()
+    device_ms, kernels = "", ""
+    if args.profile:
+        variant = "_".join(filter(None, [args.precision, "compiled" if args.compile else "", args.compile_mode or ""]))
+        name = f"{cfg.task.name}_n{seq_len}_{entry.row}_{variant}".replace("-", "_")
+        title = f"{cfg.task.name} n={seq_len} {entry.row}, batch {batch}, {variant}, on {device_name(device)}"
+        path = args.out / f"train_{device.type}_profile" / f"{name}.txt"
+        device_ms, kernels = profile_steps(step, next_batch, device, path, title)
     return {
         "times": times,
         "step_ms": step_ms,
         "step_ms_std": round(statistics.stdev(times), 2) if len(times) > 1 else 0.0,
         "samples_per_s": round(batch / step_ms * 1e3, 3),
+        "eval_ms": round(statistics.median(eval_times), 2),
+        "device_ms": device_ms,
+        "kernels": kernels,
         "memory_mb": round(memory, 1),
         "compile_s": compile_s,
     }
@@ -385,7 +481,7 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
             stack.enter_context(address_space_limit(args.memory_limit_mb if device.type == "cpu" else None))
             if row["data_loading"]:
                 # every step of the cell's attempts, and padding_share's
-                batches = MAX_ATTEMPTS * (args.warmup + args.steps + 2 + args.compile) + 1
+                batches = MAX_ATTEMPTS * (args.warmup + 2 * args.steps + 4 + args.compile + PROFILED_STEPS * args.profile) + 1
                 next_batch, row["data_source"] = stack.enter_context(loaded_batches(cfg, seq_len, batch, batches, device))
             else:
                 tensors = {
@@ -447,6 +543,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
         "threads": torch.get_num_threads() if device.type == "cpu" else "",
         "torch": torch.__version__,
         "compiled": args.compile,
+        "compile_mode": args.compile_mode or "",
         "steps": args.steps,
         "warmup": args.warmup,
     }
@@ -474,6 +571,9 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "attempts": "",
             "noisy": "",
             "samples_per_s": "",
+            "eval_ms": "",
+            "device_ms": "",
+            "kernels": "",
             "memory_mb": "",
             "compile_s": "",
             "status": "ok",
@@ -509,6 +609,7 @@ def label(row: dict[str, Any]) -> str:
     notes = [
         *(["bf16"] if row["precision"] != "32" else []),
         *(["compiled"] if row["compiled"] else []),
+        *([row["compile_mode"]] if row.get("compile_mode") else []),
         *(["+ data loading"] if row["data_loading"] else []),
     ]
     return " ".join([row["attention"], *notes])
@@ -601,6 +702,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision", choices=["32", "bf16-mixed"], default=None, help="default: bf16-mixed on a GPU, 32 on a CPU (conf/trainer)"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model first (lra.module.compile_model)")
+    parser.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default=None,
+        help="with --compile: Inductor's mode, as trainer.compile_mode (reduce-overhead: CUDA graphs on a GPU)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help=f"profile {PROFILED_STEPS} more steps per cell: <out>/train_<device>_profile/<cell>.txt, device_ms and kernels",
+    )
     add_memory_limit_argument(parser)
     parser.add_argument(
         "--out", type=Path, default=RESULTS, help="folder for train_<device>.csv and .png (default: results/ here)"
@@ -641,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
+    if args.compile_mode and not args.compile:
+        parser.error("--compile-mode is a mode of --compile: give both")
     if args.steps < 1 or args.warmup < 0 or (args.batch is not None and args.batch < 1):
         parser.error("--steps and --batch must be >= 1, --warmup >= 0")
     args.precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32")

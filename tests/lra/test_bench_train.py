@@ -1,6 +1,7 @@
 """``python -m lra.bench train``: the full training step per task and attention, its rows, ratios and data-loading line."""
 
 import csv
+import itertools
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def test_the_timed_step_updates_the_weights_and_advances_the_schedule(precision)
     assert "model.head.2.weight" in changed and "model.encoder.blocks.0.attention.query.weight" in changed
     assert step.scheduler.last_epoch == 1 and step.scheduler.get_last_lr()[0] > first_lr  # OneCycleLR's warm-up
     assert all("exp_avg" in step.optimizer.state[p] for p in module.parameters())  # AdamW took the step
-    assert module.train_acc.update_count == 1
+    assert step.accuracy.device == loss.device and 0 <= float(step.accuracy) <= 1  # the training accuracy, as logged
 
 
 def test_random_batches_have_each_tasks_shape_vocabulary_and_padding():
@@ -169,7 +170,8 @@ def test_the_cli_takes_comma_lists_repeats_noisy_cells_and_marks_them_in_csv_out
     monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
     # Step times by cell, in the grid's order: none (noisy, then steady), yoso_32 (noisy throughout), none + data loading.
     attempts = iter([[10.0, 15.0, 10.0], [10.0, 10.2, 10.1]] + [[20.0, 40.0, 20.0]] * train.MAX_ATTEMPTS + [[12.0, 12.1, 12.0]])
-    monkeypatch.setattr(train, "time_calls", lambda run, device, repeats: next(attempts))
+    calls = itertools.count()  # each attempt times its training steps, then its evaluation batches (steady, 1 ms)
+    monkeypatch.setattr(train, "time_calls", lambda run, device, repeats: [1.0] * 3 if next(calls) % 2 else next(attempts))
     out = tmp_path / "results"
     argv = ["--tasks", "listops", "--attentions", "none,yoso_32", "--seq-len", "64", "--batch", "2", "--steps", "3"]
     assert train.main([*argv, "--warmup", "0", "--out", str(out)]) == 0
@@ -202,3 +204,21 @@ def test_list_options_take_spaces_commas_or_both_and_name_an_unknown_item(capsys
     with pytest.raises(SystemExit):
         train.main(["--seq-len", "paper,0"])
     assert "a sequence length is 'paper' (the task's own) or a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_profile_writes_each_phase_of_the_step_and_the_row_times_an_evaluation_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "results"
+    argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "32", "--batch", "2", "--steps", "2", "--warmup", "0"]
+    assert train.main([*argv, "--profile", "--quiet", "--out", str(out)]) == 0
+    (row, _loading) = read_rows(out / "train_cpu.csv")
+    assert float(row["eval_ms"]) > 0 and row["compile_mode"] == "" and row["device_ms"] == ""  # no device on a CPU
+    text = (out / "train_cpu_profile" / "listops_n32_none_32.txt").read_text()
+    phases = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0] in train.PHASES
+    }
+    assert set(phases) == set(train.PHASES) and phases["forward"] > 0 and phases["backward"] > 0
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--compile-mode", "reduce-overhead"])  # a mode without --compile
