@@ -18,10 +18,15 @@ step that fails:
 ``cells``     ``python -m lra.campaign measure``: cells per hour against the cells run at once
               on the GPU (K = 1..16), 200-step copies of Table 3's softmax ListOps cell
               (the paper-size ListOps is generated first where it is missing)
+``step``      ``python -m lra.bench train`` of ListOps (n = 2048, batch 32, bf16) for none, softmax
+              and YOSO-32, eager and compiled (``reduce-overhead``: CUDA graphs), ``--profile``:
+              step and evaluation ms, device busy ms and kernels per step, and a profile per cell
+              (``train_cuda_profile/``); the figures check the none step against 3 ms
 ============  ================================================================================
 
 It writes into ``--out`` (default ``results/`` of the current folder): ``kernels_cuda.{csv,png}``,
-``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, ``cells_per_hour_<device>.{csv,png}``, each step's full output in
+``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, ``cells_per_hour_<device>.{csv,png}``, the step's rows
+of ``train_cuda.{csv,png}`` and ``train_cuda_profile/``, each step's full output in
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
@@ -58,6 +63,8 @@ from yoso_cuda.build import cuda_toolkit
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
 SUMMARY = "gpu_validation_cuda"
+STEP_ROWS = "none,softmax,yoso_32"  # the step's attentions: the floor, the exact attention, the paper's YOSO
+STEP_TARGET_MS = 3.0  # issue 38: the none ListOps step (and an evaluation batch) within this on an H100/H200
 CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
 TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a few steps
     "trainer=gpu",
@@ -198,6 +205,21 @@ def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter
                 "--out",
                 str(out),
                 *CELLS_CELL,
+            ],
+            570,
+        ),
+        Step(
+            "step",
+            [
+                python,
+                "-c",
+                # two grids into one train_cuda.csv: eager, then compiled with CUDA graphs (its own rows)
+                "import sys; from lra.bench.train import main; "
+                "common = ['--device', 'cuda', '--tasks', 'listops', '--attentions', sys.argv[1], '--steps', '20', "
+                "'--warmup', '5', '--profile', '--quiet', '--out', sys.argv[2]]; "
+                "sys.exit(main(common) or main(common + ['--compile', '--compile-mode', 'reduce-overhead']))",
+                STEP_ROWS,
+                str(out),
             ],
             570,
         ),
@@ -347,6 +369,33 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def step_figures(out: Path) -> tuple[list[str], bool]:
+    """The ListOps rows of the step: train and evaluation ms, device busy ms, kernels; whether none meets the target."""
+    rows = [r for r in read_csv(out / "train_cuda.csv") if r["task"] == "listops" and r.get("data_loading") == "False"]
+    rows = [r for r in rows if r["attention"] in STEP_ROWS.split(",") and r["seq_len"] == "2048"]
+    figures, met = [], True
+    for r in rows:
+        variant = f"compiled {r.get('compile_mode') or 'default'}" if r["compiled"] == "True" else "eager"
+        if r["status"] != "ok":
+            figures.append(f"{r['attention']} {variant}: {r['status']} {r['error'][:200]}")
+            continue
+        figures.append(
+            f"{r['attention']} {variant}: step {r['step_ms']} ms, evaluation batch {r.get('eval_ms') or '?'} ms, device busy "
+            f"{r.get('device_ms') or '?'} ms in {r.get('kernels') or '?'} kernels per step"
+        )
+    floor = [r for r in rows if r["attention"] == "none" and r["status"] == "ok"]
+    if floor:
+        best = min(floor, key=lambda r: float(r["step_ms"]))
+        eval_ms = float(best.get("eval_ms") or "inf")
+        met = float(best["step_ms"]) <= STEP_TARGET_MS and eval_ms <= STEP_TARGET_MS
+        figures.append(
+            f"none step <= {STEP_TARGET_MS} ms: {'met' if met else 'NOT met'} (best: {best['step_ms']} ms step, "
+            f"{best.get('eval_ms')} ms evaluation, {'compiled' if best['compiled'] == 'True' else 'eager'}); "
+            "profiles in train_cuda_profile/"
+        )
+    return figures, bool(floor)
+
+
 def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[str], bool]:
     """The step's key figures and whether its outputs hold up (beyond its exit status)."""
     if name == "check":
@@ -359,6 +408,8 @@ def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[s
         return kernels_figures(out), True
     if name == "efficiency":
         return efficiency_figures(out), True
+    if name == "step":
+        return step_figures(out)
     if name == "cells":
         return cells_figures(out)
     return train_figures(train_dir, out)

@@ -13,7 +13,7 @@ import torch
 from lra import config
 from lra.bench import gpu
 
-STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train", "cells"]
+STEPS = ["check", "tests", "memcheck", "racecheck", "kernels", "efficiency", "train", "cells", "step"]
 
 
 def test_the_plan_runs_every_step_in_order_and_a_dry_run_prints_it(tmp_path, capsys):
@@ -165,3 +165,28 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
     reloaded = gpu.load_record(out, STEPS)
     assert list(reloaded["steps"]) == ["check", "kernels", "train"]
     assert reloaded["steps"]["kernels"]["figures"] == figures["kernels"][0]
+
+
+def test_the_step_figures_check_the_none_listops_step_against_the_target(tmp_path):
+    from lra.bench.output import write_csv
+    from lra.bench.train import FIELDS
+
+    def row(attention, compiled, step_ms, eval_ms):
+        values = dict.fromkeys(FIELDS, "")
+        values.update(task="listops", seq_len=2048, attention=attention, data_loading=False, status="ok", compiled=compiled)
+        values.update(
+            step_ms=step_ms, eval_ms=eval_ms, device_ms=0.4, kernels=12, compile_mode="reduce-overhead" if compiled else ""
+        )
+        return values
+
+    write_csv([row("none", False, 6.1, 2.0), row("softmax", False, 20.0, 5.0)], tmp_path / "train_cuda.csv", FIELDS)
+    figures, holds = gpu.step_figures(tmp_path)
+    assert holds and figures[0].startswith("none eager: step 6.1 ms, evaluation batch 2.0 ms, device busy 0.4 ms in 12 kernels")
+    assert "none step <= 3.0 ms: NOT met" in figures[-1]
+    write_csv([row("none", False, 6.1, 2.0), row("none", True, 2.5, 1.0)], tmp_path / "train_cuda.csv", FIELDS)
+    figures, _ = gpu.step_figures(tmp_path)
+    assert (
+        "none compiled reduce-overhead: step 2.5 ms" in figures[1]
+        and "met (best: 2.5 ms step, 1.0 ms evaluation, compiled)" in figures[-1]
+    )
+    assert gpu.step_figures(tmp_path / "nothing") == ([], False)
