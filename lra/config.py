@@ -37,18 +37,23 @@ from omegaconf import DictConfig, OmegaConf
 import attention_zoo
 
 from . import paper
+from .results import FLOAT32, precision_name
 
 CONFIG_MODULE = "lra.conf"
 CONFIG_NAME = "config"
 MAX_RUN_NAME = 120  # file names are limited to 255 bytes
 
 
-def run_name(overrides: str) -> str:
-    """The run folder's name: the command-line overrides, "default" for none.
+def run_name(overrides: str, precision: str | int = FLOAT32) -> str:
+    """The run folder's name: the command-line overrides, "default" for none, and the precision where it is not
+    float32 (a run's identity: a bf16 run never shares a float32 run's folder, whether ``trainer=gpu`` or
+    ``trainer.precision=...`` chose it).
 
     A long list is cut and suffixed with a hash of the whole list, so the name stays unique and
     within file-name limits; the full list is in the run's ``.hydra/overrides.yaml``.
     """
+    if precision_name(precision) != FLOAT32:
+        overrides = ",".join(filter(None, [f"precision={precision_name(precision)}", overrides]))  # first: never cut
     if not overrides:
         return "default"
     if len(overrides) <= MAX_RUN_NAME:

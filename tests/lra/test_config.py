@@ -95,7 +95,7 @@ def test_the_pretraining_stage_writes_every_checkpoint_in_its_own_folder():
     pretraining, folder = pretraining_stage(cfg, "softmax")
     assert folder.parent == Path("/runs/pretrain/listops")
     dirpaths = {name: node.dirpath for name, node in pretraining.callbacks.items() if "dirpath" in node}
-    assert dirpaths == {"checkpoint": str(folder / "checkpoints"), "on_interrupt": str(folder / "checkpoints")}
+    assert dirpaths == dict.fromkeys(("checkpoint", "latest", "on_interrupt"), str(folder / "checkpoints"))
     assert pretraining.task.protocol == cfg.pretrain.protocol
     assert OmegaConf.to_container(cfg.callbacks) != OmegaConf.to_container(pretraining.callbacks), "cfg is kept as composed"
 
@@ -184,3 +184,13 @@ def test_help_lists_the_choices_and_the_common_command_lines():
         assert option in options, option
     assert "python -m lra.train -m attention=softmax,yoso_32 seed=0,1,2" in text and "attention=my_attention" in text
     assert "== Config ==" not in text and "is powered by Hydra" not in text
+
+
+def test_a_run_in_another_precision_has_a_folder_of_its_own():
+    """Issue 37: precision is part of a run's identity, so a bf16 run (trainer=gpu or trainer.precision=...) never
+    writes into the folder of the float32 run of the same overrides; the precision leads, so a long name keeps it."""
+    assert config.run_name("seed=1", "32-true") == "seed=1" and config.run_name("", 32) == "default"
+    assert config.run_name("", "bf16-mixed") == "precision=bf16-mixed"
+    assert config.run_name("seed=1", "bf16") == "precision=bf16-mixed,seed=1"
+    long = config.run_name("x" * 300, "bf16-mixed")
+    assert long.startswith("precision=bf16-mixed,") and len(long) == config.MAX_RUN_NAME
