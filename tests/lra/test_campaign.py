@@ -30,9 +30,10 @@ def test_a_campaign_plans_the_sweep_of_its_experiment_whole_seeds_first():
     rows = TABLE3.presets
     assert [cell.name for cell in cells] == [f"listops / {row} / seed {seed}" for seed in (0, 1, 2) for row in rows]
     assert len({cell.folder for cell in cells}) == 36 and len({cell.config_hash for cell in cells}) == 36
-    # The folder python -m lra.train -m would give the cell, and the paper's protocol.
+    # The folder python -m lra.train -m would give the cell (trainer=gpu: bf16, named so), and the paper's protocol.
     softmax = cells[1]
-    assert Path(softmax.folder).relative_to(Path("outputs").absolute()) == Path("listops/softmax/experiment=table3,seed=0")
+    folder = Path(softmax.folder).relative_to(Path("outputs").absolute())
+    assert folder == Path("listops/softmax/precision=bf16-mixed,experiment=table3,seed=0")
     assert softmax.max_steps == 5000 and softmax.num_workers == 4 and trainer.accelerator == "gpu"
     assert [dataset["data"]["generator"]["num_train"] for dataset in datasets] == [96000]  # one data set, paper-size
 

@@ -73,7 +73,7 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit_in_a_new_confi
         (dict(max_steps="ten"), TypeError, "task.protocol.max_steps must be int, got 'ten'"),
         (dict(lr=True), TypeError, "task.protocol.lr must be float"),
         (dict(batch_size=0), ValueError, "task.protocol.batch_size must be at least 1"),
-        (dict(warmup_steps=1), ValueError, "warmup_steps = 0 or 2 <= warmup_steps < max_steps"),
+        (dict(warmup_steps=1), ValueError, "task.protocol.warmup_steps=1 does not fit the learning-rate schedule"),
         (dict(lr=-1.0), ValueError, "lr > 0"),
         (dict(max_step=20), ValueError, "unknown task.protocol field(s) ['max_step']"),
     ],
