@@ -29,9 +29,8 @@ class ResumedExperimentWriter(ExperimentWriter):
         with open(self.metrics_file_path, newline="") as file:
             reader = csv.DictReader(file)
             keys = list(reader.fieldnames or [])
-            # A checkpoint at global step s follows the rows logged at steps < s (Lightning logs the
-            # evaluation after step s's update at step s - 1).
-            rows = [row for row in reader if int(float(row["step"])) < self.resume_step]
+            # A checkpoint at global step s follows the rows of steps <= s (rows count steps done: CSVLogger).
+            rows = [row for row in reader if int(float(row["step"])) <= self.resume_step]
         with open(self.metrics_file_path, "w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=keys)
             writer.writeheader()
@@ -39,12 +38,24 @@ class ResumedExperimentWriter(ExperimentWriter):
         self.metrics_keys = keys
 
 
+def steps_done(metrics: dict[str, Any], step: int) -> int:
+    """The steps done when ``metrics`` were logged, from Lightning's ``step``: during training Lightning passes the
+    0-based index of the step in progress (a step's loss and learning rate, and the evaluation after it, so the
+    evaluation after 50 steps came at 49), after it the number of steps done (the test). metrics.csv numbers every
+    row as train.log and the progress bar do: by the steps done."""
+    return step if any(key.startswith("test/") for key in metrics) else step + 1
+
+
 class CSVLogger(LightningCSVLogger):
-    """Lightning's CSVLogger; with ``resume_step`` it continues the metrics.csv of an interrupted run."""
+    """Lightning's CSVLogger, its rows numbered by the steps done (:func:`steps_done`); with ``resume_step`` it
+    continues the metrics.csv of an interrupted run."""
 
     def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.resume_step = resume_step
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics(metrics, None if step is None else steps_done(metrics, step))
 
     @property
     @rank_zero_experiment

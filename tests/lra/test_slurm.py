@@ -213,13 +213,13 @@ def test_a_requeued_cell_resumes_from_its_last_checkpoint(slurm, data_dir, tmp_p
     assert Path(record["resumed_from"]) == checkpoint
     # The job ran twice: the first run was requeued, the second completed.
     assert accounted_jobs(slurm, [job_id], "--duplicates") == [(job_id, "REQUEUED"), (job_id, "COMPLETED")]
-    # metrics.csv keeps what the first run logged before its checkpoint, and the second run logged
-    # no step before it (Lightning logs the batch that leads to global step s + 1 as step s, and the
-    # evaluation after it too): every evaluation and every 5th training step once, none lost.
+    # metrics.csv keeps what the first run logged up to its checkpoint, and the second run logged
+    # no step before it (rows are numbered by the steps done): every evaluation and every 5th training
+    # step once, none lost.
     after = metrics_rows(run_folder)
-    kept = [row for row in before if int(row["step"]) < interrupted_at]
+    kept = [row for row in before if int(row["step"]) <= interrupted_at]
     # (the finished run's file has the test's columns as well, empty in these rows)
     assert kept and [{key: row[key] for key in kept[0]} for row in after[: len(kept)]] == kept, report(slurm, outputs, finished)
-    assert all(int(row["step"]) >= interrupted_at for row in after[len(kept) :])
+    assert all(int(row["step"]) > interrupted_at for row in after[len(kept) :])
     for metric in ("train/loss", "val/acc"):
-        assert [int(row["step"]) for row in after if row[metric]] == list(range(4, steps, 5)), metric
+        assert [int(row["step"]) for row in after if row[metric]] == list(range(5, steps + 1, 5)), metric

@@ -420,6 +420,10 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
     assert "Generating ListOps" in train_log and "Prepared listops" in train_log
     assert "step 3: val/acc" in train_log and "step 6: val/acc" in train_log
     assert "test acc" in train_log
+    # metrics.csv numbers the evaluations as train.log and the progress bar do (issue 40: it said 2 and 5)
+    metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
+    assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [3, 6]
+    assert metrics.dropna(subset=["test/acc"])["step"].tolist() == [6]
 
 
 @pytest.mark.slow
@@ -467,11 +471,11 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_over
     assert record["resumed_from"].endswith("last.ckpt")
     assert record["best_val_step"] % 5 == 0
     # Every step's metrics, from before and after the interruption, each once: one evaluation every
-    # 5 steps (logged at step 5k - 1), 20 in all, and the training loss at the same steps.
+    # 5 steps, 20 in all, and the training loss at the same steps, numbered as train.log numbers them.
     metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
     evaluations = metrics.dropna(subset=["val/acc"])["step"].tolist()
-    assert evaluations == list(range(4, 100, 5))
-    assert metrics.dropna(subset=["train/loss"])["step"].tolist() == list(range(4, 100, 5))
+    assert evaluations == list(range(5, 101, 5))
+    assert metrics.dropna(subset=["train/loss"])["step"].tolist() == list(range(5, 101, 5))
     # train.log is appended to: an evaluation logged after the checkpoint and before the kill appears twice.
     assert sorted(set(train_log_evaluations(path.parent))) == list(range(5, 101, 5))
 
@@ -517,7 +521,7 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
     record = json.loads(path.read_text())
     assert record["status"] == "finished" and record["steps"] == 100 and record["resumed_from"].endswith("last.ckpt")
     metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
-    assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [24, 49, 74, 99]
+    assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [25, 50, 75, 100]
 
 
 def test_every_run_saves_last_ckpt_at_each_evaluation_and_on_an_interruption_where_it_resumes():
