@@ -1,4 +1,4 @@
-"""Every command in the README's ```bash blocks runs, so the README cannot drift from the code.
+"""Every command in the ```bash blocks of the README and of docs/ runs, so neither can drift from the code.
 
 The README is read at test time, so a command added later is covered too. Each command (a line of
 a bash block, continuation lines joined, comments dropped, ``&&`` chains split) is matched by the
@@ -140,6 +140,7 @@ RULES = [
         why="needs the wandb package, which is not a dependency: its config only",
     ),
     Rule(r"^python -m lra\.train .*--cfg", why="composes the config only"),
+    Rule(r"^python -m lra\.train --help$", why="the choices and the common command lines"),
     Rule(
         r"\bmy_attention\b",
         not_run="the README's example attention exists only in the copy of the project that "
@@ -243,10 +244,26 @@ RULES = [
 ]
 
 
-def readme_commands(readme: Path = REPO / "README.md") -> list[str]:
-    """Every command of the README's bash blocks, in order."""
+# The README, then the docs it links, in the order a reader follows them: their commands share one scratch folder,
+# so a later page's command may use what an earlier one made (docs/training.md's reruns, the quick start's run).
+DOCUMENTS = [
+    "README.md",
+    "docs/training.md",
+    "docs/tasks.md",
+    "docs/protocols.md",
+    "docs/attentions.md",
+    "docs/self-pretraining.md",
+    "docs/scale-out.md",
+    "docs/kernels.md",
+    "docs/benchmarks.md",
+]
+
+
+def readme_commands(documents: list[str] = DOCUMENTS) -> list[str]:
+    """Every command of the bash blocks of the README and the docs, in order."""
     commands = []
-    for body in re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S):
+    text = "\n".join((REPO / document).read_text() for document in documents)
+    for body in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in body.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()  # a trailing comment: "  # what it does"
             if line and not line.startswith("#"):
@@ -259,6 +276,10 @@ def rule_for(command: str) -> Rule | None:
 
 
 COMMANDS = readme_commands()
+
+
+def test_every_page_of_the_docs_is_read_for_its_commands():
+    assert sorted(f"docs/{path.name}" for path in (REPO / "docs").glob("*.md")) == sorted(DOCUMENTS[1:])
 
 
 def test_every_readme_command_has_a_rule():
