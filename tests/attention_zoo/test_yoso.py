@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import attention_zoo
 import yoso_cuda
-from attention_zoo.yoso import expectation_exact
+from attention_zoo.yoso import ExpectationLowerBound, expectation_exact
 from yoso_cuda import ops, reference
 
 DIM = 32
@@ -269,6 +269,27 @@ def test_lower_bound_estimator_is_unbiased_for_the_dense_surrogate():
     for estimate, target in zip((grad_q, grad_k, grad_v), dense):
         assert relative_error(estimate, target) < 0.05
     assert (grad_q[0, 60:] == 0).all() and (grad_k[0, 60:] == 0).all(), "padded tokens get no gradient"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_yoso_e_lower_bound_backward_is_the_dense_surrogate(seed):
+    """YOSO-E's lower_bound backward (ExpectationLowerBound): the (tau/2) E surrogate for q and k, the true
+    gradient E^T G for v, none to padded tokens, against dense_gradients in float64."""
+    generator = torch.Generator().manual_seed(seed)
+    q, perturbation, v, grad = (torch.randn(2, 30, ESTIMATOR_DIM, generator=generator) for _ in range(4))
+    q = F.normalize(q, dim=-1)
+    k = F.normalize(q + 0.5 * perturbation, dim=-1)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, 20:] = False
+    pair_mask = (mask[:, :, None] & mask[:, None, :]).float()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ExpectationLowerBound.apply(*leaves, pair_mask, 5).backward(grad)
+    expected = dense_gradients(*(t.double() for t in (q, k, v, grad)), mask, 5, surrogate=True)
+    for name, tensor, target in zip("qkv", leaves, expected):
+        assert target.abs().amax() > 0.5
+        message = lambda m, name=name: f"grad {name}: {m}"  # noqa: E731
+        torch.testing.assert_close(tensor.grad.double(), target, rtol=1e-4, atol=1e-5, msg=message)
+        assert (tensor.grad[1, 20:] == 0).all(), f"padded tokens get no gradient ({name})"
 
 
 GRADIENT_SEEDS = range(6)
