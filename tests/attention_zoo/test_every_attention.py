@@ -94,11 +94,13 @@ def test_gradients_are_finite(name, dtype):
     mask = padding_mask(4, 64)
     out = run(attn, q, k, v, mask)
     assert out.dtype == dtype
-    out.float().pow(2).sum().backward()
+    # A fixed random weighting, not out.pow(2).sum(): YOSO normalises its output rows, which makes that loss constant
+    # and its gradients rounding noise that "> 0" would accept (issue 41).
+    (out.float() * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
     for tensor in (q, k):  # None where the attention does not use them ("none")
         assert tensor.grad is None or torch.isfinite(tensor.grad).all()
     assert v.grad is not None and torch.isfinite(v.grad).all()
-    assert v.grad.abs().sum() > 0, "the values must receive a gradient"
+    assert v.grad.float().abs().amax() > 1e-2, "the values must receive a real gradient"
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)

@@ -95,12 +95,22 @@ def test_an_attention_with_tied_queries_and_keys_gets_them_rotated_alike():
 
 @pytest.mark.parametrize("name", attention_zoo.available())
 def test_every_registered_attention_takes_rotary_positions(name):
+    """Every core attention receives the queries and keys rotated by their positions (not only an output of the
+    right shape), and the layer trains."""
     torch.manual_seed(0)
     layer = MultiHeadAttention(16, 2, name, seq_len=64, head_dim=8, rotary=True).eval()
     x = torch.randn(2, 64, 16, requires_grad=True)
     mask = torch.ones(2, 64, dtype=torch.bool)
     mask[1, 40:] = False
+    seen = {}
+    layer.attention.register_forward_pre_hook(lambda module, args: seen.update(q=args[0].detach(), k=args[1].detach()))
     out = layer(x, mask)
     assert out.shape == x.shape and torch.isfinite(out).all()
+    with torch.no_grad():
+        angles = rotary_angles(64, 8)
+        query = apply_rotary(layer.split_heads(layer.query(x)), angles)
+        key = query if layer.key is None else apply_rotary(layer.split_heads(layer.key(x)), angles)
+    torch.testing.assert_close(seen["q"], query.to(seen["q"].dtype), msg="rotated queries")
+    torch.testing.assert_close(seen["k"], key.to(seen["k"].dtype), msg="rotated keys")
     out[mask].sum().backward()
     assert torch.isfinite(x.grad).all()
