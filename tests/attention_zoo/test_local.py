@@ -76,6 +76,33 @@ def test_a_sequence_shorter_than_the_block_is_softmax_attention():
     torch.testing.assert_close(build(40)(q, k, v, mask), softmax(q, k, v, mask), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("softmax_backend", ["math", "nan-for-an-empty-row"])
+def test_no_row_of_the_block_mask_is_empty_so_no_backend_gives_nan(monkeypatch, softmax_backend):
+    """A block whose keys are all padded (or past the end) still lets each position see its own key: some SDPA
+    backends (a GPU's, the dense reference below) give NaN for a row with no key, and NaN in a padded row's forward
+    poisons every gradient of the batch even after the row is zeroed. PyTorch's CPU SDPA gives zeros for such a row,
+    so the test also runs on a dense softmax that, like those backends, does not."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def dense(q, k, v, attn_mask=None, dropout_p=0.0):
+        scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        return scores.softmax(-1) @ v
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa if softmax_backend == "math" else dense)
+    attn = build_attention("local", 20, block_size=4)
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 18))
+    mask = torch.ones(2, 18, dtype=torch.bool)
+    mask[1, 6:] = False  # blocks 2-4 of the second sequence hold no real key
+    out = attn(q, k, v, mask)
+    assert torch.isfinite(out).all() and (out[1, :, 6:] == 0).all()
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    for tensor in (q, k, v):
+        assert torch.isfinite(tensor.grad).all(), "no NaN from an empty row reaches a gradient"
+        assert (tensor.grad[1, :, 6:] == 0).all()
+
+
 def test_the_default_is_the_lra_text_tasks_block_of_50():
     assert attention_zoo.make_config("local").block_size == 50
     n = 120  # blocks 0..49, 50..99 and a padded 100..119

@@ -24,6 +24,35 @@ def test_equals_naive_reference_with_masks(seq_len, value_dim):
     assert (out[1] == 0).all()
 
 
+def test_a_fully_padded_sequence_gives_the_fused_dropout_kernel_a_real_key(monkeypatch):
+    """The fused CPU kernel (softmax with dropout, in training) needs a real key in every sequence, as some GPU SDPA
+    backends do: a sequence with none gets every key unmasked, and its rows (zeroed after) stay finite, with finite
+    gradients. The kernel's dense reference stands in for it, so this holds where the kernels are not built; PyTorch's
+    CPU SDPA gives zeros for such a row by itself, so without the fused path the guard would go untested."""
+    import attention_zoo.softmax as softmax
+    from yoso_cuda import reference
+
+    seen = []
+
+    def dense_kernel(q, k, v, key_mask, dropout):
+        seen.append(key_mask.clone())
+        return reference.softmax_dropout_attention(q, k, v, key_mask, dropout, seed=0)
+
+    monkeypatch.setattr(softmax, "has_kernel", lambda device: True)
+    monkeypatch.setattr(softmax, "softmax_dropout_attention", dense_kernel)
+    attn = attention_zoo.build("softmax", seq_len=6, num_heads=2, head_dim=4, dropout=0.1).train()
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(3))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False
+    out = attn(q, k, v, mask)
+    assert len(seen) == 1 and seen[0].any(dim=1).all(), "every sequence the kernel sees has a real key"
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum().backward()
+    for tensor in (q, k, v):
+        assert torch.isfinite(tensor.grad).all()
+        assert (tensor.grad[1] == 0).all(), "a sequence with no real token gets no gradient"
+
+
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     attn = attention_zoo.build("softmax", seq_len=16, num_heads=1, head_dim=4, dropout=0.5)
