@@ -187,6 +187,40 @@ def test_an_interruption_does_not_stop_where_a_metrics_row_is_due(tmp_path):
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 7
 
 
+class FailingTest(InterruptedRegression):
+    """Fails in ``training_step`` at step ``fail_at`` (if given), and always in ``test_step``."""
+
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.fail_at = fail_at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.fail_at:
+            raise RuntimeError("a training error")
+        return super().training_step(batch, batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        raise RuntimeError("a testing error")
+
+    def test_dataloader(self):
+        return self.val_dataloader()
+
+
+def test_an_error_in_training_saves_last_ckpt_at_its_step_and_an_error_in_testing_never_does(tmp_path):
+    """last.ckpt is where a run resumes: an error while fitting saves it at the step reached; an error while testing
+    (after the fit, when the best checkpoint's weights are loaded) must not overwrite it with those weights."""
+    with pytest.raises(RuntimeError, match="a training error"):
+        fit_with_interruptions(FailingTest(fail_at=4), tmp_path)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 4
+
+    other = tmp_path / "tested"
+    trainer = fit_with_interruptions(FailingTest(), other)
+    assert not (other / "last.ckpt").exists(), "a run that finished its fit leaves no interrupt checkpoint"
+    with pytest.raises(RuntimeError, match="a testing error"):
+        trainer.test(trainer.lightning_module, verbose=False)
+    assert not (other / "last.ckpt").exists(), "an error in testing wrote last.ckpt"
+
+
 def wait_for_a_signal(ready) -> None:
     ready.set()
     signal.pause()

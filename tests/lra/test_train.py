@@ -250,6 +250,33 @@ def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
     assert len({r["config_hash"] for r in records.values()}) == 3
 
 
+@pytest.mark.parametrize(
+    "earlier, checkpoint, resumes",
+    [("same", True, True), ("other", True, False), ("same", False, False), (None, True, False)],
+    ids=["same-configuration", "another-configuration", "no-last-checkpoint", "no-earlier-record"],
+)
+def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, earlier, checkpoint, resumes):
+    """lra.train.prepare, in-process: the resume decision that the slow end-to-end tests reach through a killed run.
+    A last.ckpt in the folder is resumed only when the folder's record is of the same configuration."""
+    from lra import results
+    from lra.train import checked, last_checkpoint, new_record, prepare, record_configuration
+
+    cfg, _ = checked(config.compose([f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]), results.CLASSIFICATION)
+    record = new_record(cfg, None, results.CLASSIFICATION)
+    record_configuration(record, cfg, results.CLASSIFICATION)
+    if earlier is not None:
+        previous = new_record(cfg, None, results.CLASSIFICATION)
+        previous.config_hash = record.config_hash if earlier == "same" else "0" * len(record.config_hash)
+        previous.write(tmp_path / results.RESULTS_FILE)
+    if checkpoint:
+        last_checkpoint(cfg).parent.mkdir(parents=True)
+        last_checkpoint(cfg).write_bytes(b"state")
+    resume_from, world_size = prepare(cfg, record, tmp_path)
+    assert world_size == 1
+    assert resume_from == (last_checkpoint(cfg) if resumes else None)
+    assert record.resumed_from == (str(last_checkpoint(cfg)) if resumes else None)
+
+
 def assert_one_clear_message(process, message, exception):
     """The run failed with ``message`` on the console and no traceback; results.json and train.log have the rest."""
     assert process.returncode == 1
