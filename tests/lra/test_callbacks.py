@@ -221,6 +221,29 @@ def test_an_error_in_training_saves_last_ckpt_at_its_step_and_an_error_in_testin
     assert not (other / "last.ckpt").exists(), "an error in testing wrote last.ckpt"
 
 
+class InterruptedTwice(InterruptedRegression):
+    """Sends SIGINT after the updates of steps ``first`` and ``second``."""
+
+    def __init__(self, first, second):
+        super().__init__(first)
+        self.second = second
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        if self.updates == self.second:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_interruption_stops_at_once(tmp_path):
+    """A first Ctrl+C in step 5 (which evaluates) waits for step 7; a second one in step 6 stops there and then."""
+    module = InterruptedTwice(5, 6)
+    with pytest.raises(SystemExit):
+        fit_with_interruptions(module, tmp_path)
+    assert module.updates == 6, "no step after the second signal's"
+    # Saved in the middle of step 6 (Lightning counts the step at its end): a stop at once, not at step 7.
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] < 7
+
+
 def wait_for_a_signal(ready) -> None:
     ready.set()
     signal.pause()

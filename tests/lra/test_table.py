@@ -467,6 +467,24 @@ def test_pretraining_runs_are_not_cells(tmp_path):
     assert [r.test_acc for r in table.find_records([tmp_path])] == [0.3]
 
 
+def test_json_that_is_not_a_runs_record_is_no_cell_and_only_finished_runs_are_collected(tmp_path):
+    """A folder of records may hold other JSON (a list, a sweep's summary) and the record of a run that failed before
+    it had a configuration: neither is a run. --collect copies finished runs only; a failed one never becomes a
+    committed cell."""
+    write_runs(tmp_path, [record("softmax", "listops", 0, 0.3), record("softmax", "listops", 1, 0.0, status="failed")])
+    (tmp_path / "summary.json").write_text(json.dumps({"cells": 2}))
+    (tmp_path / "list.json").write_text(json.dumps([1, 2]))
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "results.json").write_text(json.dumps({"task": "listops", "status": "failed", "error": "bad override"}))
+    records = table.find_records([tmp_path])
+    assert sorted((r.seed, r.status) for r in records) == [(0, "finished"), (1, "failed")]
+    runs_dir = tmp_path / "runs"
+    assert table.collect(records, runs_dir) == 1
+    assert [json.loads(p.read_text())["seed"] for p in runs_dir.iterdir()] == [0]
+    assert table.collect(records, runs_dir) == 0, "collected again: nothing new"
+
+
 def test_one_protocols_table_under_its_own_name(tmp_path):
     write_runs(
         tmp_path / "outputs",

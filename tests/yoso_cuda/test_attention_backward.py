@@ -82,3 +82,10 @@ def test_the_backward_is_its_estimator_computed_densely_from_the_same_codes(back
         torch.testing.assert_close(value.double(), target, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     collided = (codes[0][:, :, None, :] == codes[1][:, None, :, :]).any(-1)
     assert 0.1 < collided.double().mean() < 0.9, "some pairs collide and some do not, so the collision sets matter"
+
+
+def test_an_unknown_estimator_is_an_error_not_the_exact_one():
+    """The backward picks lower_bound or else exact: a misspelt name must be refused, not run as exact."""
+    queries, keys, values, _, mask, codes = inputs(0)
+    with pytest.raises(ValueError, match="backward must be one of 'lower_bound', 'exact', got 'lower-bound'"):
+        yoso_cuda.lsh_attention(queries, keys, values, mask, *codes, TAU, "lower-bound", "reference")
