@@ -135,6 +135,92 @@ def positive_random_features(
     return features if mask is None else features.masked_fill(~mask, 0.0)  # padded keys lose their eps too
 
 
+def _stabilised_exponentials(
+    x: torch.Tensor, projection: torch.Tensor, key_mask: torch.Tensor | None, is_query: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(E, directions)`` for ``x`` (b, h, n, d), already scaled: E = exp(W x - |x|^2/2 - c) (b, h, n, m), the
+    features of :func:`positive_random_features` before their eps and m^-1/2, with the same stabiliser c; and where
+    c's gradient goes: per row, the mean of the projection rows w_j at which the logits reach c (b, h, n, d), the
+    max's gradient split evenly among ties as ``amax``'s is (for keys, over every key and feature of a (batch, head)).
+
+    One (b, h, n, m) tensor is made: the logits, turned into the exponentials in place.
+    """
+    logits = x @ projection.T  # (b, h, n, m): w_j . x
+    if key_mask is not None:
+        logits.masked_fill_(~key_mask, float("-inf"))  # padded keys: exp(-inf) = 0 and no part in the max
+    stabiliser = logits.amax(dim=-1 if is_query else (-2, -1), keepdim=True)  # (b, h, n, 1) or (b, h, 1, 1)
+    if not is_query:
+        stabiliser = stabiliser.nan_to_num(neginf=0.0)  # every key padded: the (all -inf) exponents stay NaN-free
+    # Per row, the sum of w_j and the count over the positions j at the max: [logit == c] @ [W, 1].
+    at_max = logits == stabiliser  # (b, h, n, m) bool
+    with_ones = torch.cat([projection, projection.new_ones(projection.shape[0], 1)], dim=1)  # (m, d + 1)
+    if torch.compiler.is_compiling():  # one graph, no data-dependent shapes; Inductor fuses the cast
+        hits = at_max.to(x.dtype) @ with_ones  # (b, h, n, d + 1)
+    else:  # about one position per row: gather those instead of multiplying a (b, h, n, m) matrix of zeros
+        *row, feature = at_max.nonzero(as_tuple=True)
+        hits = x.new_zeros(*at_max.shape[:-1], with_ones.shape[1]).index_put_(tuple(row), with_ones[feature], accumulate=True)
+    ties = hits[..., -1:] if is_query else hits[..., -1:].sum(dim=-2, keepdim=True)  # (b, h, n, 1) or (b, h, 1, 1)
+    directions = hits[..., :-1] / ties.clamp(min=1)  # (b, h, n, d); no ties (every key padded): zero
+    half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (b, h, n, 1)
+    return logits.sub_(half_sq_norm + stabiliser).exp_(), directions
+
+
+def _exponentials_backward(
+    grad: torch.Tensor,
+    exponentials: torch.Tensor,
+    x: torch.Tensor,
+    projection: torch.Tensor,
+    directions: torch.Tensor,
+    is_query: bool,
+) -> torch.Tensor:
+    """The gradient for ``x`` of E = exp(x W^T - |x|^2/2 - c(x W^T)) given ``grad`` for E, which is overwritten."""
+    grad_logits = grad.mul_(exponentials)  # (b, h, n, m): at a fixed stabiliser
+    row_sums = grad_logits.sum(dim=-1, keepdim=True)  # (b, h, n, 1): minus the gradient for |x|^2/2
+    through_max = row_sums if is_query else row_sums.sum(dim=-2, keepdim=True)  # minus the gradient for c
+    return grad_logits @ projection - x * row_sums - through_max * directions  # (b, h, n, d)
+
+
+class _Favor(torch.autograd.Function):
+    """The linear form of FAVOR+ before its normalisation: phi(Q) phi(K)^T [V, 1], (b, h, n, dv + 1).
+
+    ``q``, ``k`` (b, h, n, d) already scaled, ``values`` (b, h, n, dv + 1) the values and a column of ones,
+    ``projection`` (m, d) a fixed matrix (no gradient), ``key_mask`` (b, 1, n, 1) or None. The features
+    phi = m^-1/2 (E + eps) are never formed: eps and m^-1/2 go into the small (b, h, m, dv + 1) context,
+
+        phi(K)^T [V, 1] = (E_K^T [V, 1] + eps sum_real_keys [V, 1]) / m      (E_K is 0 at padded keys)
+        phi(Q) context  = E_Q context + eps sum_features context,
+
+    the same arithmetic as the written-out form up to float rounding. The backward is written out too, so the only
+    (b, h, n, m) tensors are E_Q and E_K (kept for the backward) and one gradient at a time, where autograd through
+    the written-out form keeps and makes a dozen.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, values, projection, key_mask, eps):
+        if projection.requires_grad:
+            raise ValueError("the FAVOR+ projection is a fixed draw (a buffer), it takes no gradient")
+        exp_q, directions_q = _stabilised_exponentials(q, projection, None, is_query=True)  # (b, h, n, m), (b, h, n, d)
+        exp_k, directions_k = _stabilised_exponentials(k, projection, key_mask, is_query=False)  # 0 at padded keys
+        real_values = values if key_mask is None else values * key_mask  # (b, h, n, dv + 1)
+        num_features = projection.shape[0]
+        context = (exp_k.transpose(-2, -1) @ values + eps * real_values.sum(dim=-2, keepdim=True)) / num_features
+        ctx.save_for_backward(q, k, values, projection, key_mask, exp_q, exp_k, directions_q, directions_k, context)
+        ctx.eps = eps
+        return exp_q @ context + eps * context.sum(dim=-2, keepdim=True)  # (b, h, n, dv + 1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, values, projection, key_mask, exp_q, exp_k, directions_q, directions_k, context = ctx.saved_tensors
+        eps, num_features = ctx.eps, projection.shape[0]
+        grad_context = exp_q.transpose(-2, -1) @ grad_out + eps * grad_out.sum(dim=-2, keepdim=True)  # (b, h, m, dv + 1)
+        grad_q = _exponentials_backward(grad_out @ context.transpose(-2, -1), exp_q, q, projection, directions_q, True)
+        grad_sums = grad_context / num_features  # (b, h, m, dv + 1): for E_K^T [V, 1] + eps sum_real [V, 1]
+        eps_part = eps * grad_sums.sum(dim=-2, keepdim=True)  # (b, h, 1, dv + 1)
+        grad_values = exp_k @ grad_sums + (eps_part if key_mask is None else eps_part * key_mask)  # (b, h, n, dv + 1)
+        grad_k = _exponentials_backward(values @ grad_sums.transpose(-2, -1), exp_k, k, projection, directions_k, False)
+        return grad_q, grad_k, grad_values, None, None, None
+
+
 @register("performer")
 class PerformerAttention(Attention):
     Config = PerformerConfig
@@ -184,17 +270,21 @@ class PerformerAttention(Attention):
         self.calls_since_redraw += 1
 
     def favor(self, q, k, v, mask):
-        """FAVOR+ on (b, h, n, d) inputs (float32: :meth:`Attention.forward` casts them); padded keys never contribute."""
+        """FAVOR+ on (b, h, n, d) inputs (float32: :meth:`Attention.forward` casts them); padded keys never contribute.
+
+        The features phi = m^-1/2 (E + eps), with E the stabilised exponentials, are never formed: eps and m^-1/2 are
+        applied to the small (b, h, m, dv + 1) context instead, phi(K)^T [V, 1] = (E_K^T [V, 1] + eps sum_real [V, 1]) / m
+        (E_K is 0 at padded keys), then phi(Q) context = E_Q context + eps sum_m context. Numerator and normaliser come
+        out of one product with the values and a column of ones. The same arithmetic as the written-out form
+        (:func:`positive_random_features`) up to float rounding, with two (b, h, n, m) tensors per call instead of a dozen.
+        """
         eps = self.config.eps
         scale = self.head_dim ** (-0.5 if self.config.double_qk_scaling else -0.25)
         key_mask = None if mask is None else mask[:, None, :, None]  # (b, 1, n, 1)
         w = self.projection.to(q.dtype)  # (m, d), float32 also in a model cast to a lower precision
-        phi_q = positive_random_features(q * scale, w, is_query=True, eps=eps)  # (b, h, n, m)
-        phi_k = positive_random_features(k * scale, w, is_query=False, eps=eps, mask=key_mask)  # (b, h, n, m)
-        kv = phi_k.transpose(-2, -1) @ v  # (b, h, m, d): phi(K)^T V
-        key_sum = phi_k.sum(dim=-2).unsqueeze(-1)  # (b, h, m, 1): phi(K)^T 1
-        numerator = phi_q @ kv  # (b, h, n, d)
-        denominator = phi_q @ key_sum  # (b, h, n, 1)
+        values = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # (b, h, n, dv + 1): V and a column of ones
+        out = _Favor.apply(q * scale, k * scale, values, w, key_mask, eps)  # (b, h, n, dv + 1)
+        numerator, denominator = out[..., :-1], out[..., -1:]  # phi(Q) phi(K)^T V, phi(Q) phi(K)^T 1
         denominator = denominator + 2 * eps * (denominator.abs() <= eps)  # the authors' guard against 0 / 0
         return numerator / denominator
 

@@ -235,3 +235,50 @@ def test_how_often_the_normaliser_guard_fires():
     assert all(0 < share < 0.2 for seq_len in (256, 1024) for share in shares[32, seq_len])
     assert all(share > 0.5 for seq_len in (256, 1024) for share in shares[64, seq_len])
     assert max(preset_shares) == 0
+
+
+def written_out_favor(attn, q, k, v, mask):
+    """FAVOR+ through autograd over the written-out features: the form ``favor`` computes with its own backward."""
+    eps, scale = attn.config.eps, attn.head_dim ** (-0.5 if attn.config.double_qk_scaling else -0.25)
+    key_mask = None if mask is None else mask[:, None, :, None]
+    phi_q = positive_random_features(q * scale, attn.projection, is_query=True, eps=eps)
+    phi_k = positive_random_features(k * scale, attn.projection, is_query=False, eps=eps, mask=key_mask)
+    denominator = phi_q @ phi_k.sum(-2).unsqueeze(-1)
+    out = phi_q @ (phi_k.transpose(-1, -2) @ v) / (denominator + 2 * eps * (denominator.abs() <= eps))
+    return out if mask is None else out.masked_fill(~key_mask, 0.0)
+
+
+@pytest.mark.parametrize("preset", ["performer", "performer_lra"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "masked"])
+def test_gradients_equal_autograd_through_the_written_out_features(preset, masked):
+    """``favor``'s own backward (features never formed) against autograd over ``positive_random_features``, in
+    float64 (``favor``: the module's forward takes float32 at most): the stabiliser's max differentiated through,
+    its gradient split evenly among tied logits (two equal projection rows, the longest, at which a query row and a
+    key reach their max), padded keys, a sequence with every key padded; and torch's gradient check."""
+    torch.manual_seed(0)
+    attn = attention_zoo.build(preset, seq_len=16, num_heads=2, head_dim=8).double()
+    longest = attn.projection[attn.projection.norm(dim=-1).argmax()].clone()
+    attn.projection[0] = attn.projection[1] = 1.5 * longest  # logits 0 and 1 always tie
+    q, k, v = (torch.randn(3, 2, 16, 8, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(3))
+    q[0, 0, 3] = k[1, 1, 5] = longest / longest.norm()  # their max is at the tie
+    mask = None
+    if masked:
+        mask = torch.ones(3, 16, dtype=torch.bool)
+        mask[1, 10:] = False
+        mask[2] = False
+    weights = torch.linspace(-1, 1, v.numel(), dtype=torch.float64).view_as(v)
+
+    def favor(q, k, v, mask):
+        out = attn.favor(q, k, v, mask)
+        return out if mask is None else out.masked_fill(~mask[:, None, :, None], 0.0)
+
+    grads = []
+    for forward in (favor, lambda *inputs: written_out_favor(attn, *inputs)):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = forward(*inputs, mask)
+        (out * weights).sum().backward()
+        grads.append([out.detach(), *(t.grad for t in inputs)])
+    for ours, expected in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda *qkv: favor(*qkv, mask), inputs, fast_mode=True)
