@@ -205,6 +205,11 @@ RULES = [
     ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
     Rule(
+        r"^python -m lra\.bench authors",
+        not_run="needs checkouts of the authors' code (mlpen/Nystromformer, lucidrains/performer-pytorch), never part of this "
+        "project; tests/lra/test_bench_authors.py runs it on a stand-in",
+    ),
+    Rule(
         r"^python -m lra\.campaign (start|measure) ",
         append=("--dry-run",),
         why="trains for hours on a GPU: every cell composed and listed, what would run",
