@@ -217,24 +217,3 @@ def test_finite_gradients_through_the_landmark_path(dtype):
     for tensor in (q, k, v, attn.conv.weight):
         assert torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0
     assert (q.grad[3] == 0).all() and (v.grad[3] == 0).all(), "a fully padded sequence gets no gradient"
-
-
-def test_sequence_conv_equals_the_authors_conv2d_forward_and_backward():
-    """The residual convolution runs as a depthwise conv1d: the same values and gradients (input and weight) as the
-    authors' ``Conv2d(heads, heads, (width, 1), groups=heads)`` it stands for, in float64."""
-    import torch.nn.functional as F
-
-    from attention_zoo._conv import SequenceConv
-
-    torch.manual_seed(0)
-    conv = SequenceConv(3, 5).double()
-    x = torch.randn(2, 3, 11, 4, dtype=torch.float64)
-    results = []
-    for forward in (conv, lambda x: F.conv2d(x, conv.weight, padding=(2, 0), groups=3)):
-        conv.weight.grad = None
-        inputs = x.clone().requires_grad_()
-        out = forward(inputs)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
-        results.append((out.detach(), inputs.grad, conv.weight.grad.clone()))
-    for ours, expected in zip(*results, strict=True):
-        torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
