@@ -165,35 +165,19 @@ def _stabilised_exponentials(
     return logits.sub_(half_sq_norm + stabiliser).exp_(), directions
 
 
-# Rows of (b h) per block of the gradient products: blocks of about 2^22 floats (16 MB) stay under glibc's mmap
-# threshold, so they are recycled instead of mapped and faulted in afresh as one (b, h, n, m) temporary would be.
-_BLOCK_FLOATS = 2**22
-
-
 def _exponentials_backward(
+    grad: torch.Tensor,
     exponentials: torch.Tensor,
-    left: torch.Tensor,
-    right: torch.Tensor,
     x: torch.Tensor,
     projection: torch.Tensor,
     directions: torch.Tensor,
     is_query: bool,
 ) -> torch.Tensor:
-    """The gradient for ``x`` of E = exp(x W^T - |x|^2/2 - c(x W^T)), given E's gradient ``left @ right^T``.
-
-    The logits' gradient at a fixed stabiliser, E * (left @ right^T), is made and used block by block (its row sums
-    and its product with W), so no (b, h, n, m) tensor is made."""
-    b, h, n, m = exponentials.shape
-    rows, lefts, rights = exponentials.reshape(b * h, n, m), left.reshape(b * h, n, -1), right.reshape(b * h, m, -1)
-    step = max(1, _BLOCK_FLOATS // (n * m))
-    sums, products = [], []
-    for i in range(0, b * h, step):
-        grad_logits = rows[i : i + step] * (lefts[i : i + step] @ rights[i : i + step].transpose(-2, -1))
-        sums.append(grad_logits.sum(dim=-1, keepdim=True))
-        products.append(grad_logits @ projection)
-    row_sums = torch.cat(sums).view(b, h, n, 1)  # minus the gradient for |x|^2/2
+    """The gradient for ``x`` of E = exp(x W^T - |x|^2/2 - c(x W^T)) given ``grad`` for E, which is overwritten."""
+    grad_logits = grad.mul_(exponentials)  # (b, h, n, m): at a fixed stabiliser
+    row_sums = grad_logits.sum(dim=-1, keepdim=True)  # (b, h, n, 1): minus the gradient for |x|^2/2
     through_max = row_sums if is_query else row_sums.sum(dim=-2, keepdim=True)  # minus the gradient for c
-    return torch.cat(products).view(*x.shape) - x * row_sums - through_max * directions  # (b, h, n, d)
+    return grad_logits @ projection - x * row_sums - through_max * directions  # (b, h, n, d)
 
 
 class _Favor(torch.autograd.Function):
@@ -206,9 +190,9 @@ class _Favor(torch.autograd.Function):
         phi(K)^T [V, 1] = (E_K^T [V, 1] + eps sum_real_keys [V, 1]) / m      (E_K is 0 at padded keys)
         phi(Q) context  = E_Q context + eps sum_features context,
 
-    the same arithmetic as the written-out form up to float rounding. The backward is written out too and makes the
-    logits' gradients block by block, so the only (b, h, n, m) tensors are E_Q and E_K (kept for the backward), where
-    autograd through the written-out form keeps and makes a dozen.
+    the same arithmetic as the written-out form up to float rounding. The backward is written out too, so the only
+    (b, h, n, m) tensors are E_Q and E_K (kept for the backward) and one gradient at a time, where autograd through
+    the written-out form keeps and makes a dozen.
     """
 
     @staticmethod
@@ -229,11 +213,11 @@ class _Favor(torch.autograd.Function):
         q, k, values, projection, key_mask, exp_q, exp_k, directions_q, directions_k, context = ctx.saved_tensors
         eps, num_features = ctx.eps, projection.shape[0]
         grad_context = exp_q.transpose(-2, -1) @ grad_out + eps * grad_out.sum(dim=-2, keepdim=True)  # (b, h, m, dv + 1)
-        grad_q = _exponentials_backward(exp_q, grad_out, context, q, projection, directions_q, True)  # E_Q's gradient: g C^T
+        grad_q = _exponentials_backward(grad_out @ context.transpose(-2, -1), exp_q, q, projection, directions_q, True)
         grad_sums = grad_context / num_features  # (b, h, m, dv + 1): for E_K^T [V, 1] + eps sum_real [V, 1]
         eps_part = eps * grad_sums.sum(dim=-2, keepdim=True)  # (b, h, 1, dv + 1)
         grad_values = exp_k @ grad_sums + (eps_part if key_mask is None else eps_part * key_mask)  # (b, h, n, dv + 1)
-        grad_k = _exponentials_backward(exp_k, values, grad_sums, k, projection, directions_k, False)  # E_K's: [V, 1] G^T
+        grad_k = _exponentials_backward(values @ grad_sums.transpose(-2, -1), exp_k, k, projection, directions_k, False)
         return grad_q, grad_k, grad_values, None, None, None
 
 
