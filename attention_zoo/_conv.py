@@ -30,4 +30,13 @@ class SequenceConv(nn.Conv2d):
         super().__init__(num_heads, num_heads, (width, 1), padding=(width // 2, 0), groups=num_heads, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, self.weight.to(x.dtype), padding=self.padding, groups=self.groups)
+        if x.device.type != "cpu":
+            return F.conv2d(x, self.weight.to(x.dtype), padding=self.padding, groups=self.groups)
+        # On a CPU, oneDNN's depthwise convolution of the (batch, heads, seq, head_dim) layout, heads as channels, is
+        # slow; in channels-last (heads innermost) it is 3-8x faster. Measured on the 2-core AMD EPYC VM, torch
+        # 2.13.0+cpu, the ListOps shape (32, 2, 2048, 32), 33 taps, forward + backward: 21-52 ms + 41-83 ms against
+        # 113-193 ms + 232-396 ms (shared VM; same results, weight gradient within 2e-5 relative). The output is made
+        # contiguous again, so what follows sees the usual layout.
+        x = x.contiguous(memory_format=torch.channels_last)
+        out = F.conv2d(x, self.weight.to(x.dtype), padding=self.padding, groups=self.groups)
+        return out.contiguous()
