@@ -153,7 +153,7 @@ def _cumulate_one_hash(query_codes, query_mask, key_codes, key_mask, values, has
     position = torch.searchsorted(buckets, query_ids).clamp(max=len(buckets) - 1)
     hit = (buckets[position] == query_ids) & query_mask.flatten()
     out = sums[position] * hit[:, None]  # (B * nq, c)
-    return out.view(batch, num_queries, -1)
+    return out.view(batch, num_queries, values.shape[-1])
 
 
 def lsh_cumulation(
@@ -197,7 +197,7 @@ def lsh_weighted_cumulation(
     query_weights, key_weights, values = query_weights.float(), key_weights.float(), values.float()
     outer = None  # kw_j v_j^T of every key, built once if some hash needs the table
     out = torch.zeros(batch * num_queries, channels, device=values.device)
-    flat_qw, flat_kw, flat_v = (t.reshape(-1, t.shape[-1]) for t in (query_weights, key_weights, values))
+    flat_qw, flat_kw, flat_v = (t.flatten(0, 1) for t in (query_weights, key_weights, values))  # (B * n, w or c)
     real_queries = query_mask.flatten().nonzero().squeeze(1)  # (real queries,) flat indices
     table_cost = (num_keys + num_queries) * batch * width * channels
     for h in range(query_codes.shape[-1]):
@@ -294,7 +294,7 @@ def lsh_collided_gradient(
     """
     check_codes_in_range(query_codes, key_codes, hash_bits)
     batch, num_queries, _ = query_vectors.shape
-    flat = lambda t: t.float().reshape(-1, t.shape[-1])  # noqa: E731  (B, n, c) -> (B * n, c)
+    flat = lambda t: t.float().flatten(0, 1)  # noqa: E731  (B, n, c) -> (B * n, c)
     qv, kv, qw, kw = flat(query_vectors), flat(key_vectors), flat(query_weights), flat(key_weights)
     q_codes, k_codes = query_codes.reshape(-1, query_codes.shape[-1]), key_codes.reshape(-1, key_codes.shape[-1])
     out = torch.zeros_like(qv)
@@ -309,7 +309,7 @@ def lsh_collided_gradient(
             x = (qv[i] * kv[j]).sum(-1) * DERIVATIVE_SHRINK
             weight = (qw[i] * kw[j]).sum(-1) * collision_probability_derivative(x, hash_bits)
             out.index_add_(0, i, weight[:, None] * kv[j])
-    return out.view(batch, num_queries, -1)
+    return out.view(batch, num_queries, query_vectors.shape[-1])
 
 
 def expected_collisions(queries: torch.Tensor, keys: torch.Tensor, hash_bits: int) -> torch.Tensor:

@@ -87,6 +87,19 @@ CASES = [
         num_hashes=33,
         chunk_bytes=20_000,
     ),
+    # The transposed direction's heavy buckets: buckets of ~350 queries, which the keys look up in
+    # lsh_weighted_cumulation_both.
+    Case(
+        "crowded_queries",
+        batch=2,
+        num_queries=700,
+        num_keys=64,
+        dim=16,
+        channels=24,
+        hash_bits=1,
+        num_hashes=2,
+        dtypes=(torch.float32,),
+    ),
 ]
 
 
@@ -170,30 +183,68 @@ def test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeyp
         torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("op", CUMULATIONS)
 @pytest.mark.parametrize("case, dtype", GRID, ids=[f"{case}-{str(dtype)[6:]}" for case, dtype in GRID])
-def test_the_radix_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, case, dtype):
-    """lsh_cumulation's radix-sort path: a tau too large for the counting sort's table of 2^tau
-    buckets takes it, and YOSO_CUDA_CUMULATION=radix forces it (the cases above run the counting sort)."""
+def test_the_radix_path_matches_the_reference_under_every_schedule(emulated, monkeypatch, op, case, dtype):
+    """Every op's radix-sort path, in chunks of hashes where the case's budget says: a tau too large
+    for the counting sort's table of 2^tau buckets takes it, and YOSO_CUDA_CUMULATION=radix forces it
+    (the cases above run the counting sort)."""
     monkeypatch.setenv("YOSO_CUDA_CUMULATION", "radix")
-    test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, "lsh_cumulation", case, dtype)
+    test_cumulation_matches_the_reference_under_every_schedule(emulated, monkeypatch, op, case, dtype)
 
 
-def test_the_cumulation_takes_the_counting_sort_unless_tau_is_too_large(emulated, monkeypatch):
-    """Three launches and no sort for tau = ceil(log2 n) (the LRA rule); the radix path for a tau
-    whose table of 2^tau bucket ends would exceed max(4096, 2 nk); a bad setting is an error."""
+# Launches of the counting sort at tau = 6, n = 100, codes folded into two buckets of ~42 rows (past
+# the weighted ops' heavy threshold, 32 rows at w = 16, c = 8: their tables are built).
+COUNTING_LAUNCHES = {
+    "lsh_cumulation": 3,  # index, heavy-bucket sums, lookup
+    "lsh_weighted_cumulation": 3,  # index, heavy-bucket tables, lookup
+    "lsh_weighted_cumulation_both": 3,  # the same, each for both directions at once
+    "lsh_collided_gradient": 2,  # index, lookup
+}
+
+
+@pytest.mark.parametrize("op", CUMULATIONS)
+def test_every_op_takes_the_counting_sort_unless_tau_is_too_large(emulated, monkeypatch, op):
+    """A few launches and no sort for tau = ceil(log2 n) (the LRA rule); the radix path for a tau
+    whose table of 2^tau bucket ends would exceed max(4096, 2 n); a bad setting is an error."""
     counts = {}
     for hash_bits in (6, 14):
-        case = Case("choice", batch=2, num_queries=64, num_keys=64, dim=16, channels=8, hash_bits=hash_bits, num_hashes=4)
+        case = Case("choice", batch=2, num_queries=100, num_keys=100, dim=16, channels=8, hash_bits=hash_bits, num_hashes=4)
         x = make_inputs(case, torch.float32)
+        x["query_codes"], x["key_codes"] = x["query_codes"] % 2, x["key_codes"] % 2
+        args = op_arguments(op, x, hash_bits)
         before = emulated.statistics()
-        out = emulated.ops.lsh_cumulation(*op_arguments("lsh_cumulation", x, hash_bits))
+        out = getattr(emulated.ops, op)(*args)
         after = emulated.statistics()
         counts[hash_bits] = (after["launches"] - before["launches"], after["sorts"] - before["sorts"])
-        torch.testing.assert_close(out, reference.lsh_cumulation(*op_arguments("lsh_cumulation", x, hash_bits)))
-    assert counts[6] == (3, 0) and counts[14][1] == 1, counts
+        torch.testing.assert_close(out, getattr(reference, op)(*args))
+    assert counts[6] == (COUNTING_LAUNCHES[op], 0) and counts[14][1] == 1, counts
     monkeypatch.setenv("YOSO_CUDA_CUMULATION", "bucket")
     with pytest.raises(ValueError, match="YOSO_CUDA_CUMULATION must be 'counting' or 'radix', got 'bucket'"):
-        emulated.ops.lsh_cumulation(*op_arguments("lsh_cumulation", x, 14))
+        getattr(emulated.ops, op)(*args)
+
+
+@pytest.mark.parametrize("op", CUMULATIONS)
+@pytest.mark.parametrize("path", ["counting", "radix"])
+@pytest.mark.parametrize(
+    "sizes", [dict(num_queries=0), dict(num_keys=0), dict(channels=0), dict(width=0)], ids=["nq0", "nk0", "c0", "w0"]
+)
+def test_empty_sizes_match_the_reference(emulated, monkeypatch, op, path, sizes):
+    """No query, no key, no value channel or no weight column: the outputs the reference gives (zeros
+    or empty), on both paths and from the CPU kernel, without a launch reading past an empty tensor."""
+    monkeypatch.setenv("YOSO_CUDA_CUMULATION", path)
+    shape = dict(batch=2, num_queries=9, num_keys=11, dim=8, channels=8) | sizes
+    width = shape.pop("width", shape["dim"])
+    case = Case("empty", **shape, hash_bits=3, num_hashes=3)
+    x = make_inputs(case, torch.float32)
+    x["query_weights"], x["key_weights"] = x["query_weights"][..., :width], x["key_weights"][..., :width]
+    args = op_arguments(op, x, case.hash_bits)
+    expected = getattr(reference, op)(*args)
+    kernels = [emulated.ops] + ([torch.ops.yoso] if ops.kernels().cpu.loaded else [])
+    for outputs in (getattr(namespace, op)(*args) for namespace in kernels):
+        for out, want in zip(*(o if isinstance(o, tuple) else (o,) for o in (outputs, expected)), strict=True):
+            assert out.shape == want.shape
+            torch.testing.assert_close(out, want)
 
 
 @pytest.mark.parametrize("case", CASES[:2] + CASES[3:], ids=str)

@@ -50,17 +50,17 @@ MUTANTS = [
     ),
     Mutant(
         "off_by_one_read",
-        "weighted_query_kernel enumerates one key past the end of a light bucket",
-        "        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {\n          const int count = static_cast<int>(min64(kWarp, hi - pos0));\n"
-        "          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;\n          for (int t = 0; t < count; ++t) {\n"
-        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n            const scalar_t* kw = batch_weights + j * width;",
-        "        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {\n          const int count = static_cast<int>(min64(kWarp, hi + 1 - pos0));\n"
-        "          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;\n          for (int t = 0; t < count; ++t) {\n"
-        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n            const scalar_t* kw = batch_weights + j * width;",
+        "weighted_lookup_kernel enumerates one row past the end of a light bucket",
+        "          const int count = static_cast<int>(min64(kWarp, hi - pos0));\n          const int lane_j = lane < count ? rows[pos0 + lane] : 0;\n"
+        "          for (int t = 0; t < count; ++t) {\n            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n"
+        "            const scalar_t* w = batch_weights + j * width;",
+        "          const int count = static_cast<int>(min64(kWarp, hi + 1 - pos0));\n          const int lane_j = lane < count ? rows[pos0 + lane] : 0;\n"
+        "          for (int t = 0; t < count; ++t) {\n            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n"
+        "            const scalar_t* w = batch_weights + j * width;",
     ),
     Mutant(
         "divergent_shuffle",
-        "weighted_query_kernel's warp reduction of the pair weight runs only on the lanes that loaded a key",
+        "weighted_lookup_kernel's warp reduction of the pair weight runs only on the lanes that loaded a row",
         "            dot = warp_sum(dot);\n",
         "            if (lane < count) dot = warp_sum(dot);\n",
     ),
@@ -105,6 +105,30 @@ MUTANTS = [
         "bucket_index_kernel starts each bucket at its end (an inclusive scan of the counts)",
         "          ends[c] = carry + inclusive - count;\n",
         "          ends[c] = carry + inclusive;\n",
+    ),
+    Mutant(
+        "stale_first_hashes",
+        "weighted_lookup_kernel adds to the output's previous contents on the first (or only) chunk of hashes",
+        "      acc[k] = !first && column < channels ? out_row[column] : 0.0f;\n",
+        "      acc[k] = column < channels ? out_row[column] : 0.0f;\n",
+    ),
+    Mutant(
+        "misrouted_second_direction",
+        "weighted_lookup_kernel gives the first warp of the second direction the first direction's pass",
+        "  const bool second = warp >= lookups0;\n",
+        "  const bool second = warp > lookups0;\n",
+    ),
+    Mutant(
+        "unwritten_padded_rows",
+        "weighted_lookup_kernel leaves a padded lookup row unwritten (the output is not zero-filled)",
+        "    for (int64_t column = lane; first && column < channels; column += kWarp) {\n      out_row[column] = 0.0f;\n    }\n",
+        "",
+    ),
+    Mutant(
+        "heavy_table_of_the_wrong_side",
+        "heavy_bucket_tables_kernel numbers the second direction's slots from the first's",
+        "  const int64_t item = static_cast<int64_t>(blockIdx.x) - (second ? slots0 : 0);\n",
+        "  const int64_t item = static_cast<int64_t>(blockIdx.x);\n",
     ),
 ]
 

@@ -6,10 +6,14 @@
 // at::globalContext().deterministicAlgorithms(); there is a single path. CI runs these kernels on
 // the CPU under yoso_cuda/emulator in three schedules and with sanitizers.
 //
-// lsh_cumulation (YOSO's forward and its grad V) runs on a counting sort with direct lookup: three
-// launches, no host synchronisation, no sort, no chunks (bucket_index_kernel and below). The other
-// ops, and lsh_cumulation for a tau too large for a table of 2^tau buckets, keep the radix-sort
-// structure below, processed a chunk of hashes at a time (memory linear in n):
+// Every cumulation runs on a counting sort with direct lookup by default: per segment (batch row b,
+// hash h) a table of 2^tau bucket ends and the real rows' indices in bucket order (bucket_index_kernel,
+// one launch for one side or for the queries and keys at once), sums or outer-product tables of the
+// buckets too large to enumerate per lookup (one launch), then one warp per lookup row adds its
+// bucket's contribution hash by hash and writes its output row whole (one launch): no host
+// synchronisation, no sort, no binary search, no chunks, no zero fill. For a tau too large for a
+// table of 2^tau buckets (and under YOSO_CUDA_CUMULATION=radix) the radix-sort structure below
+// takes over, processed a chunk of hashes at a time (memory linear in n):
 //   0. a code outside [0, 2^tau) fails a device-side assertion (no host synchronisation);
 //   1. per (batch row b, hash h) a segment of nk sort keys ((segment << (tau + 1)) | code), padded
 //      keys carrying bit tau so that they sort last in their segment and match no query;
@@ -17,11 +21,13 @@
 //      each occupied bucket becomes a contiguous range of sorted positions, keys in index order;
 //   3. one warp per real query binary-searches its bucket in each hash of the chunk and owns its
 //      output row, adding the hashes' contributions in hash order.
-// lsh_cumulation pre-sums each bucket in pieces of at most kPiece sorted keys; lsh_weighted_cumulation
-// enumerates colliding pairs in light buckets and contracts the query weights with a per-bucket
-// sum of kw (x) v outer products in heavy ones; lsh_weighted_cumulation_both sorts the keys and the
-// queries in one sort and runs that for each side; lsh_collided_gradient enumerates pairs, keeping
-// a pair only in the first hash where it collides.
+// The weighted cumulations and lsh_collided_gradient run one kernel body on either path, through a
+// view of the indexed buckets (CountingBuckets, RadixBuckets). lsh_cumulation pre-sums heavy buckets
+// (pieces of at most kPiece sorted keys on the radix path); lsh_weighted_cumulation enumerates
+// colliding pairs in light buckets and contracts the query weights with a per-bucket sum of
+// kw (x) v outer products in heavy ones; lsh_weighted_cumulation_both runs that for both directions
+// in the same launches; lsh_collided_gradient enumerates pairs, keeping a pair only in the first hash
+// where it collides.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -41,6 +47,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace yoso {
@@ -59,6 +66,7 @@ constexpr int kHeavyMin = 32;                    // buckets of at most this many
 static_assert(kHeavyMin <= kWarp, "bucket_lookup_kernel enumerates a light bucket in one pass of the warp");
 constexpr int64_t kCountingMinBuckets = 4096;    // the counting sort's bucket table may always have this many entries
 constexpr int kTableOutputs = 4 * kBlock;        // outer-product table entries per block (4 per thread)
+constexpr int64_t kTableFloatsPerRow = 4;        // heavy-bucket tables: at most this many floats per indexed row and hash
 constexpr int kMaxWidth = 8192;                  // largest Hadamard width (shared memory of one block)
 constexpr int64_t kDefaultChunkBytes = int64_t(256) << 20;  // scratch of one chunk of hashes
 constexpr float kShrink = 0.99f;  // f' evaluated at 0.99 x, as reference.DERIVATIVE_SHRINK
@@ -236,6 +244,7 @@ int bit_width(uint64_t value) {
 struct Side {
   at::Tensor codes;  // (B, n, m) int32, contiguous
   at::Tensor mask;   // (B, n) bool, contiguous
+  bool queries;      // the query side (names the codes in range assertions)
 };
 
 // One or two sides sorted by one radix sort: side s holds sorted positions [offset[s], offset[s] +
@@ -431,24 +440,42 @@ __global__ void __launch_bounds__(kBlock) cumulation_query_kernel(
 // kHeavyMin keys, at most nk / (kHeavyMin + 1) rows per segment; then each query looks up its bucket
 // in each hash directly. Scratch: B m (2^tau + nk) ints and B m nk / (kHeavyMin + 1) x c floats.
 
-// One warp per segment (b, h) = (segment / m, segment % m). Walks the keys in index order 32 at a
+// The rows of one side (the keys, or the queries of a transposed sum) and where bucket_index_kernel
+// writes their index: per segment (b, h), bucket_end[code] = one past the last sorted position of
+// bucket `code` (its first is bucket_end[code - 1], or 0) and rows = the real rows' indices in bucket
+// order, index order within a bucket.
+struct IndexedSide {
+  const int* codes;  // (B, n, m)
+  const bool* mask;  // (B, n)
+  int* bucket_end;   // (B m, 2^tau)
+  int* rows;         // (B m, n)
+  int64_t length;    // n
+  bool queries;      // names the codes in the range assertion
+};
+
+// One warp per segment (b, h) = (segment / m, segment % m) of side0, then of side1 (warps past
+// num_segments, when two sides are indexed in one launch). Walks the rows in index order 32 at a
 // time: the lanes holding one code find each other with __match_any_sync, the lowest of them adds
 // their count (a histogram without atomics); a warp scan turns the counts into bucket starts; a
-// second walk places each key at its bucket's cursor plus its rank among its peers and advances the
-// cursor, which leaves ends[code] = the end of bucket `code` (its start is ends[code - 1], or 0).
-__global__ void __launch_bounds__(kBlock) bucket_index_kernel(
-    const int* __restrict__ codes, const bool* __restrict__ mask, int* __restrict__ bucket_end, int* __restrict__ rows,
-    int64_t num_segments, int64_t num_keys, int num_hashes, int hash_bits) {
-  const int64_t segment = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+// second walk places each row at its bucket's cursor plus its rank among its peers and advances the
+// cursor, which leaves bucket_end[code] = the end of bucket `code`.
+__global__ void __launch_bounds__(kBlock) bucket_index_kernel(IndexedSide side0, IndexedSide side1,
+                                                              int64_t num_segments, int num_sides, int num_hashes,
+                                                              int hash_bits) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (segment >= num_segments) {
+  if (warp >= num_sides * num_segments) {
     return;  // warp-uniform
   }
+  const bool second = warp >= num_segments;
+  const IndexedSide& side = second ? side1 : side0;
+  const int64_t segment = second ? warp - num_segments : warp;
+  const int64_t num_rows = side.length;
   const int64_t b = segment / num_hashes;
   const int h = static_cast<int>(segment % num_hashes);
   const int64_t buckets = int64_t(1) << hash_bits;
-  int* ends = bucket_end + segment * buckets;
-  int* segment_rows = rows + segment * num_keys;
+  int* ends = side.bucket_end + segment * buckets;
+  int* segment_rows = side.rows + segment * num_rows;
   for (int64_t c = lane; c < buckets; c += kWarp) {
     ends[c] = 0;
   }
@@ -472,15 +499,19 @@ __global__ void __launch_bounds__(kBlock) bucket_index_kernel(
       }
       __syncwarp();
     }
-    for (int64_t j0 = 0; j0 < num_keys; j0 += kWarp) {
+    for (int64_t j0 = 0; j0 < num_rows; j0 += kWarp) {
       const int64_t j = j0 + lane;
       int code = -1;  // no bucket: past the end or padded
-      if (j < num_keys) {
-        const int key_code = codes[(b * num_keys + j) * num_hashes + h];
-        CUDA_KERNEL_ASSERT_MSG((static_cast<unsigned>(key_code) >> hash_bits) == 0u,
+      if (j < num_rows) {
+        const int row_code = side.codes[(b * num_rows + j) * num_hashes + h];
+        const bool in_range = (static_cast<unsigned>(row_code) >> hash_bits) == 0u;
+        CUDA_KERNEL_ASSERT_MSG(in_range || side.queries,
                                "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
                                "with the same hash_bits");
-        code = mask[b * num_keys + j] ? key_code : -1;
+        CUDA_KERNEL_ASSERT_MSG(in_range || !side.queries,
+                               "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
+                               "with the same hash_bits");
+        code = side.mask[b * num_rows + j] ? row_code : -1;
       }
       const unsigned peers = __match_any_sync(kFullMask, code);
       const bool leader = lane == __ffs(peers) - 1;
@@ -499,21 +530,68 @@ __global__ void __launch_bounds__(kBlock) bucket_index_kernel(
   }
 }
 
-// A bucket's sorted positions [lo, hi) from the ends table of its segment.
-__device__ __forceinline__ void bucket_range(const int* __restrict__ ends, int code, int& lo, int& hi) {
-  lo = code == 0 ? 0 : ends[code - 1];
-  hi = ends[code];
-}
+// Every hash of one side, indexed by bucket_index_kernel, as the lookup kernels see it (a segment
+// b * hc + hl, with h0 = 0 and hc = m; see also RadixBuckets below).
+struct CountingBuckets {
+  const int* codes;       // (B, n, m)
+  const int* bucket_end;  // (B m, 2^tau)
+  const int* rows;        // (B m, n)
+  int64_t num_rows;       // n
+  int h0, hc, hash_bits;  // h0 = 0, hc = m
+
+  __device__ const int* segment_rows(int64_t segment) const { return rows + segment * num_rows; }
+  __device__ int64_t batch_of(int64_t segment) const { return segment / hc; }
+
+  __device__ bool find(int64_t b, int hl, int code, int64_t& segment, int64_t& lo, int64_t& hi) const {
+    segment = b * hc + hl;
+    const int* ends = bucket_end + (segment << hash_bits);
+    lo = code == 0 ? 0 : ends[code - 1];
+    hi = ends[code];
+    return hi > lo;
+  }
+
+  // Warp-collective: the bucket of more than `heavy` rows starting in positions [slot (heavy + 1),
+  // (slot + 1) (heavy + 1)) of `segment`, if any (heavy buckets start at least heavy + 1 apart, so at
+  // most one does); [start, end) its positions.
+  __device__ bool heavy_bucket(int64_t segment, int64_t slot, int64_t heavy, int lane, int64_t& start, int64_t& end) const {
+    const int* ends = bucket_end + (segment << hash_bits);
+    const int* segment_rows = rows + segment * num_rows;
+    const int64_t b = segment / hc;
+    const int h = h0 + static_cast<int>(segment % hc);
+    const int num_hashes = hc;
+    const int64_t num_real = ends[(int64_t(1) << hash_bits) - 1];
+    const int64_t first = slot * (heavy + 1);
+    const int64_t stop = min64(first + heavy + 1, num_real);
+    for (int64_t p0 = first; p0 < stop; p0 += kWarp) {  // warp-uniform
+      const int64_t p = p0 + lane;
+      bool heavy_start = false;
+      int64_t lane_end = 0;
+      if (p < stop) {
+        const int code = codes[(b * num_rows + segment_rows[p]) * num_hashes + h];
+        const bool starts = p == 0 || codes[(b * num_rows + segment_rows[p - 1]) * num_hashes + h] != code;
+        lane_end = ends[code];
+        heavy_start = starts && lane_end - p > heavy;
+      }
+      const unsigned found = __ballot_sync(kFullMask, heavy_start);
+      if (found != 0u) {
+        const int source = __ffs(found) - 1;
+        start = p0 + source;
+        end = __shfl_sync(kFullMask, lane_end, source);
+        return true;
+      }
+    }
+    return false;
+  }
+};
 
 // One warp per (segment, slot): a bucket of more than kHeavyMin keys is heavy, and heavy buckets
 // start at least kHeavyMin + 1 positions apart, so at most one starts in slot s's positions
 // [s (kHeavyMin + 1), (s + 1) (kHeavyMin + 1)); its sum over its keys in sorted order goes to
 // heavy_sums[segment, s]. Slots without one write nothing (no query reads them).
 template <typename scalar_t>
-__global__ void __launch_bounds__(kBlock) heavy_bucket_sums_kernel(
-    const int* __restrict__ codes, const int* __restrict__ bucket_end, const int* __restrict__ rows,
-    const scalar_t* __restrict__ values, float* __restrict__ heavy_sums, int64_t num_slots_total, int64_t slots,
-    int64_t num_keys, int64_t channels, int num_hashes, int hash_bits) {
+__global__ void __launch_bounds__(kBlock) heavy_bucket_sums_kernel(CountingBuckets keys, const scalar_t* __restrict__ values,
+                                                                   float* __restrict__ heavy_sums, int64_t num_slots_total,
+                                                                   int64_t slots, int64_t channels) {
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (item >= num_slots_total) {
@@ -521,41 +599,19 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_sums_kernel(
   }
   const int64_t segment = item / slots;
   const int64_t slot = item - segment * slots;
-  const int64_t b = segment / num_hashes;
-  const int h = static_cast<int>(segment % num_hashes);
-  const int* ends = bucket_end + segment * (int64_t(1) << hash_bits);
-  const int* segment_rows = rows + segment * num_keys;
-  const int num_real = ends[(int64_t(1) << hash_bits) - 1];
-  const int first = static_cast<int>(slot * (kHeavyMin + 1));
-  const int stop = static_cast<int>(min64(first + kHeavyMin + 1, num_real));
-  int start = -1, end = -1;
-  for (int p0 = first; p0 < stop; p0 += kWarp) {  // warp-uniform
-    const int p = p0 + lane;
-    bool heavy_start = false;
-    int lane_end = 0;
-    if (p < stop) {
-      const int code = codes[(b * num_keys + segment_rows[p]) * num_hashes + h];
-      const bool starts = p == 0 || codes[(b * num_keys + segment_rows[p - 1]) * num_hashes + h] != code;
-      lane_end = ends[code];
-      heavy_start = starts && lane_end - p > kHeavyMin;
-    }
-    const unsigned found = __ballot_sync(kFullMask, heavy_start);
-    if (found != 0u) {
-      const int source = __ffs(found) - 1;
-      start = p0 + source;
-      end = __shfl_sync(kFullMask, lane_end, source);
-      break;
-    }
-  }
-  if (start < 0) {
+  int64_t start, end;
+  if (!keys.heavy_bucket(segment, slot, kHeavyMin, lane, start, end)) {
     return;  // warp-uniform
   }
+  const int* segment_rows = keys.segment_rows(segment);
+  const int64_t num_keys = keys.num_rows;
+  const int64_t b = keys.batch_of(segment);
   const scalar_t* batch_values = values + b * num_keys * channels;
   float* sums = heavy_sums + item * channels;
   for (int64_t column0 = 0; column0 < channels; column0 += kWarp) {
     const int64_t column = column0 + lane;
     float sum = 0.0f;
-    for (int pos0 = start; pos0 < end; pos0 += kWarp) {
+    for (int64_t pos0 = start; pos0 < end; pos0 += kWarp) {
       const int count = static_cast<int>(min64(kWarp, end - pos0));
       const int lane_j = lane < count ? segment_rows[pos0 + lane] : 0;
       for (int t = 0; t < count; ++t) {
@@ -574,27 +630,35 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_sums_kernel(
 // One warp per query (b, i), writing out[b, i] whole (padded queries get zeros, so the output needs
 // no zero fill). For each 128-column tile, for each hash in order: acc += the sum of the query's
 // bucket (a heavy bucket's precomputed sum, or its keys' values in sorted order); out = acc / m.
+// Fails a device-side assertion when one of a lookup row's codes is outside [0, 2^hash_bits).
+__device__ __forceinline__ void assert_codes_in_range(const int* row_codes, int h0, int hc, int hash_bits, bool queries,
+                                                      int lane) {
+  for (int h = h0 + lane; h < h0 + hc; h += kWarp) {
+    const bool in_range = (static_cast<unsigned>(row_codes[h]) >> hash_bits) == 0u;
+    CUDA_KERNEL_ASSERT_MSG(in_range || !queries,
+                           "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes with "
+                           "the same hash_bits");
+    CUDA_KERNEL_ASSERT_MSG(in_range || queries,
+                           "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes with "
+                           "the same hash_bits");
+  }
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
-    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const int* __restrict__ bucket_end,
-    const int* __restrict__ rows, const scalar_t* __restrict__ values, const float* __restrict__ heavy_sums,
-    float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t channels,
-    int64_t slots, int num_hashes, int hash_bits) {
+    CountingBuckets keys, const int* __restrict__ query_codes, const bool* __restrict__ query_mask,
+    const scalar_t* __restrict__ values, const float* __restrict__ heavy_sums, float* __restrict__ out,
+    int64_t num_queries_total, int64_t num_queries, int64_t channels, int64_t slots, int num_hashes) {
   const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (query >= num_queries_total) {
     return;  // warp-uniform
   }
   const int* q_codes = query_codes + query * num_hashes;
-  for (int h = lane; h < num_hashes; h += kWarp) {
-    CUDA_KERNEL_ASSERT_MSG((static_cast<unsigned>(q_codes[h]) >> hash_bits) == 0u,
-                           "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
-                           "with the same hash_bits");
-  }
+  assert_codes_in_range(q_codes, 0, num_hashes, keys.hash_bits, true, lane);
   const bool real = query_mask[query];
   const int64_t b = query / num_queries;
-  const int64_t buckets = int64_t(1) << hash_bits;
-  const scalar_t* batch_values = values + b * num_keys * channels;
+  const scalar_t* batch_values = values + b * keys.num_rows * channels;
   float* out_row = out + query * channels;
   for (int64_t tile = 0; tile < channels; tile += kTileColumns) {
     float acc[kLaneColumns];
@@ -603,9 +667,8 @@ __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
       acc[k] = 0.0f;
     }
     for (int h = 0; h < num_hashes && real; ++h) {  // warp-uniform
-      const int64_t segment = b * num_hashes + h;
-      int lo, hi;
-      bucket_range(bucket_end + segment * buckets, q_codes[h], lo, hi);
+      int64_t segment, lo, hi;
+      keys.find(b, h, q_codes[h], segment, lo, hi);
       float sum[kLaneColumns];
       if (hi - lo > kHeavyMin) {
         const float* bucket_sum = heavy_sums + (segment * slots + lo / (kHeavyMin + 1)) * channels;
@@ -619,8 +682,8 @@ __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
         for (int k = 0; k < kLaneColumns; ++k) {
           sum[k] = 0.0f;
         }
-        const int count = hi - lo;  // <= kHeavyMin = one warp's worth
-        const int lane_j = lane < count ? rows[segment * num_keys + lo + lane] : 0;
+        const int count = static_cast<int>(hi - lo);  // <= kHeavyMin = one warp's worth
+        const int lane_j = lane < count ? keys.segment_rows(segment)[lo + lane] : 0;
         for (int t = 0; t < count; ++t) {
           const int64_t j = __shfl_sync(kFullMask, lane_j, t);
 #pragma unroll
@@ -648,53 +711,116 @@ __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
-// lsh_weighted_cumulation
+// lsh_weighted_cumulation and lsh_collided_gradient, on either path
+//
+// Their kernels look up buckets through one of two views of an indexed side, so that one kernel
+// body serves the counting sort (CountingBuckets: every hash at once) and the radix sort
+// (RadixBuckets: a chunk of hashes). A lookup row of batch row b asks, for hash hl of the view's
+// hashes [h0, h0 + hc), for the bucket of its code: a segment b * hc + hl, sorted positions [lo, hi)
+// within it, and the segment's row indices (bucket order, index order within a bucket, so every sum
+// below runs in a fixed order).
 
-// A bucket is heavy when it holds more than `heavy` keys. Heavy buckets start at least heavy + 1
-// positions apart, so start / (heavy + 1) numbers them uniquely within a segment: slot
-// segment * slots + start / (heavy + 1), slots = nk / (heavy + 1). One thread per sorted position.
-__global__ void __launch_bounds__(kBlock) mark_heavy_buckets_kernel(
-    const key_t* __restrict__ keys, int* __restrict__ heavy_start, int64_t total, int64_t num_keys, int64_t heavy,
-    int64_t slots, int hash_bits) {
-  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= total) {
-    return;
+// A chunk of hashes [h0, h0 + hc) of one side, sorted by sort_buckets.
+struct RadixBuckets {
+  const key_t* keys;   // the side's sorted keys
+  const int* order;    // the row index of each sorted position
+  int64_t num_rows;    // n
+  int64_t segment0;    // the side's first segment in the sort
+  int h0, hc, hash_bits;
+
+  __device__ const int* segment_rows(int64_t segment) const { return order + segment * num_rows; }
+  __device__ int64_t batch_of(int64_t segment) const { return segment / hc; }
+
+  __device__ bool find(int64_t b, int hl, int code, int64_t& segment, int64_t& lo, int64_t& hi) const {
+    segment = b * hc + hl;
+    return find_bucket(keys, segment * num_rows, num_rows, bucket_key(segment0 + segment, code, hash_bits), lo, hi);
   }
-  const int64_t segment = p / num_keys;
-  const int64_t position = p - segment * num_keys;
-  const key_t key = keys[p];
-  if ((key >> hash_bits) & 1ull) {
-    return;  // padded
+
+  // As CountingBuckets::heavy_bucket: sorted, so a bucket starting at p is heavy when position
+  // p + heavy holds its key.
+  __device__ bool heavy_bucket(int64_t segment, int64_t slot, int64_t heavy, int lane, int64_t& start, int64_t& end) const {
+    const key_t* segment_keys = keys + segment * num_rows;
+    const int64_t first = slot * (heavy + 1);
+    const int64_t stop = min64(first + heavy + 1, num_rows);
+    for (int64_t p0 = first; p0 < stop; p0 += kWarp) {  // warp-uniform
+      const int64_t p = p0 + lane;
+      bool heavy_start = false;
+      if (p < stop) {
+        const key_t key = segment_keys[p];
+        heavy_start = !((key >> hash_bits) & 1ull) && (p == 0 || segment_keys[p - 1] != key) && p + heavy < num_rows &&
+                      segment_keys[p + heavy] == key;
+      }
+      const unsigned found = __ballot_sync(kFullMask, heavy_start);
+      if (found != 0u) {
+        start = p0 + __ffs(found) - 1;
+        end = upper_bound_key(segment_keys, start + heavy + 1, num_rows, segment_keys[start]);
+        return true;
+      }
+    }
+    return false;
   }
-  if (position != 0 && keys[p - 1] == key) {
-    return;  // not a bucket start
-  }
-  if (position + heavy < num_keys && keys[p + heavy] == key) {  // sorted: positions p .. p + heavy all in the bucket
-    heavy_start[segment * slots + position / (heavy + 1)] = static_cast<int>(position);
-  }
+};
+
+// One direction of a weighted cumulation: out[b, i] = (1/m) sum_h sum_{j in i's bucket} (lw_i . w_j) v_j
+// for the lookup rows i, over the indexed rows j. lsh_weighted_cumulation_both runs two at once.
+template <typename scalar_t, typename Buckets>
+struct WeightedPass {
+  Buckets buckets;                  // the indexed rows j
+  const int* lookup_codes;          // (B, nl, m)
+  const bool* lookup_mask;          // (B, nl)
+  const scalar_t* lookup_weights;   // (B, nl, w)
+  const scalar_t* weights;          // (B, nj, w)
+  const scalar_t* values;           // (B, nj, c)
+  float* tables;                    // per heavy-bucket slot: sum over its rows of w_j (x) v_j, (w, c)
+  float* out;                       // (B, nl, c)
+  int64_t num_lookups, channels, heavy, slots;
+  bool lookup_queries;              // names the lookup codes in the range assertion
+};
+
+// The pass of a block or warp: pass0's, or pass1's past the first pass's blocks or warps.
+template <typename scalar_t, typename Buckets>
+__device__ __forceinline__ const WeightedPass<scalar_t, Buckets>& pick(const WeightedPass<scalar_t, Buckets>& pass0,
+                                                                      const WeightedPass<scalar_t, Buckets>& pass1,
+                                                                      bool second) {
+  return second ? pass1 : pass0;
 }
 
-// One block per (slot, group of kTableOutputs entries): table[slot][a][c] = sum over the bucket's
-// keys j, in sorted order, of kw[b, j, a] * v[b, j, c]. Slots without a heavy bucket are skipped.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(
-    const key_t* __restrict__ keys, const int* __restrict__ order, const int* __restrict__ heavy_start,
-    const scalar_t* __restrict__ key_weights, const scalar_t* __restrict__ values, float* __restrict__ table,
-    int64_t num_keys, int64_t slots, int64_t width, int64_t channels, int hc) {
+// One block per (slot of pass0, then of pass1; group of kTableOutputs entries): warp 0 finds the
+// slot's heavy bucket (blocks of slots without one return), then table[a][c] = sum over the bucket's
+// rows j, in sorted order, of w[b, j, a] * v[b, j, c].
+template <typename scalar_t, typename Buckets>
+__global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPass<scalar_t, Buckets> pass0,
+                                                                     WeightedPass<scalar_t, Buckets> pass1,
+                                                                     int64_t slots0, int64_t width) {
+  __shared__ int64_t bucket[2];
   __shared__ int staged[kBlock];
-  const int64_t slot = blockIdx.x;
-  const int start = heavy_start[slot];
-  if (start < 0) {
-    return;  // block-uniform
+  const bool second = static_cast<int64_t>(blockIdx.x) >= slots0;
+  const WeightedPass<scalar_t, Buckets>& pass = pick(pass0, pass1, second);
+  const int64_t item = static_cast<int64_t>(blockIdx.x) - (second ? slots0 : 0);
+  const int64_t segment = item / pass.slots;
+  const int64_t slot = item - segment * pass.slots;
+  if (threadIdx.x < kWarp) {
+    int64_t start = -1, end = -1;
+    if (!pass.buckets.heavy_bucket(segment, slot, pass.heavy, threadIdx.x, start, end)) {
+      start = -1;
+    }
+    if (threadIdx.x == 0) {
+      bucket[0] = start;
+      bucket[1] = end;
+    }
   }
-  const int64_t segment = slot / slots;
-  const int64_t base = segment * num_keys;
-  const int64_t b = segment / hc;
-  const key_t key = keys[base + start];
-  const int64_t end = upper_bound_key(keys + base, start + 1, num_keys, key);  // same in every thread
-  const scalar_t* batch_weights = key_weights + b * num_keys * width;
-  const scalar_t* batch_values = values + b * num_keys * channels;
+  __syncthreads();
+  const int64_t start = bucket[0], end = bucket[1];
+  if (start < 0) {
+    return;  // block-uniform: no heavy bucket in this slot (no lookup reads its table)
+  }
+  const int* rows = pass.buckets.segment_rows(segment);
+  const int64_t b = pass.buckets.batch_of(segment);
+  const int64_t channels = pass.channels;
+  const scalar_t* batch_weights = pass.weights + b * pass.buckets.num_rows * width;
+  const scalar_t* batch_values = pass.values + b * pass.buckets.num_rows * channels;
   const int64_t entries = width * channels;
+  float* table = pass.tables + item * entries;
   const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // block-uniform
     int64_t a[4], c[4];
@@ -712,7 +838,7 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(
       const int count = static_cast<int>(min64(kBlock, end - pos0));
       __syncthreads();  // the previous batch of staged indices is consumed
       if (static_cast<int>(threadIdx.x) < count) {
-        staged[threadIdx.x] = order[base + pos0 + threadIdx.x];
+        staged[threadIdx.x] = rows[pos0 + threadIdx.x];
       }
       __syncthreads();
       for (int t = 0; t < count; ++t) {
@@ -728,37 +854,50 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if (ok[k]) {
-        table[slot * entries + a[k] * channels + c[k]] = acc[k];
+        table[a[k] * channels + c[k]] = acc[k];
       }
     }
   }
 }
 
-// One warp per query (b, i), owning out[b, i]. For each 128-column tile: acc = out row, then for
-// each hash of the chunk in order: a heavy bucket contributes sum_a qw[a] * table[a][:], a light
-// one sum over its keys j in sorted order of (qw . kw_j) v_j; acc += contribution.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
-    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_weights,
-    const key_t* __restrict__ keys, const int* __restrict__ order, const scalar_t* __restrict__ key_weights,
-    const scalar_t* __restrict__ values, const float* __restrict__ table, float* __restrict__ out,
-    int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t width, int64_t channels, int64_t heavy,
-    int64_t slots, int num_hashes, int h0, int hc, int hash_bits, int64_t segment0, bool last) {
-  const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+// One warp per lookup row (b, i) of pass0, then of pass1, owning out[b, i]. For each 128-column
+// tile: acc = 0 on the first chunk of hashes (else the out row: the sums of earlier chunks), then for
+// each hash of the view in order, a heavy bucket contributes sum_a lw[a] * table[a][:], a light one
+// sum over its rows j in sorted order of (lw . w_j) v_j; the last chunk divides by the number of
+// hashes. A padded lookup row gets zeros.
+template <typename scalar_t, typename Buckets>
+__global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass<scalar_t, Buckets> pass0,
+                                                                    WeightedPass<scalar_t, Buckets> pass1,
+                                                                    int64_t lookups0, int64_t lookups, int64_t width,
+                                                                    int num_hashes, bool first, bool last) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (query >= num_queries_total || !query_mask[query]) {
+  if (warp >= lookups) {
     return;  // warp-uniform
   }
-  const int64_t b = query / num_queries;
-  const scalar_t* qw = query_weights + query * width;
-  const scalar_t* batch_weights = key_weights + b * num_keys * width;
-  const scalar_t* batch_values = values + b * num_keys * channels;
-  float* out_row = out + query * channels;
-  float qw_lane[kLaneColumns];  // qw[lane + 32 k], the first 128 weights
+  const bool second = warp >= lookups0;
+  const WeightedPass<scalar_t, Buckets>& pass = pick(pass0, pass1, second);
+  const Buckets& buckets = pass.buckets;
+  const int64_t row = second ? warp - lookups0 : warp;
+  const int64_t channels = pass.channels;
+  const int* row_codes = pass.lookup_codes + row * num_hashes;
+  assert_codes_in_range(row_codes, buckets.h0, buckets.hc, buckets.hash_bits, pass.lookup_queries, lane);
+  float* out_row = pass.out + row * channels;
+  if (!pass.lookup_mask[row]) {  // warp-uniform
+    for (int64_t column = lane; first && column < channels; column += kWarp) {
+      out_row[column] = 0.0f;
+    }
+    return;
+  }
+  const int64_t b = row / pass.num_lookups;
+  const scalar_t* lw = pass.lookup_weights + row * width;
+  const scalar_t* batch_weights = pass.weights + b * buckets.num_rows * width;
+  const scalar_t* batch_values = pass.values + b * buckets.num_rows * channels;
+  float lw_lane[kLaneColumns];  // lw[lane + 32 k], the first 128 weights
 #pragma unroll
   for (int k = 0; k < kLaneColumns; ++k) {
     const int64_t a = lane + k * kWarp;
-    qw_lane[k] = a < width ? static_cast<float>(qw[a]) : 0.0f;
+    lw_lane[k] = a < width ? static_cast<float>(lw[a]) : 0.0f;
   }
   const int64_t entries = width * channels;
 
@@ -767,14 +906,11 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
 #pragma unroll
     for (int k = 0; k < kLaneColumns; ++k) {
       const int64_t column = tile + lane + k * kWarp;
-      acc[k] = column < channels ? out_row[column] : 0.0f;
+      acc[k] = !first && column < channels ? out_row[column] : 0.0f;
     }
-    for (int hl = 0; hl < hc; ++hl) {
-      const int64_t segment = b * hc + hl;
-      const int64_t base = segment * num_keys;
-      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);
-      int64_t lo, hi;
-      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
+    for (int hl = 0; hl < buckets.hc; ++hl) {
+      int64_t segment, lo, hi;
+      if (!buckets.find(b, hl, row_codes[buckets.h0 + hl], segment, lo, hi)) {
         continue;
       }
       float contribution[kLaneColumns];
@@ -782,35 +918,36 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
       for (int k = 0; k < kLaneColumns; ++k) {
         contribution[k] = 0.0f;
       }
-      if (hi - lo > heavy) {
-        const float* bucket_table = table + (segment * slots + lo / (heavy + 1)) * entries;
+      if (hi - lo > pass.heavy) {
+        const float* table = pass.tables + (segment * pass.slots + lo / (pass.heavy + 1)) * entries;
         for (int64_t a = 0; a < width; ++a) {
-          const float weight = static_cast<float>(qw[a]);
+          const float weight = static_cast<float>(lw[a]);
 #pragma unroll
           for (int k = 0; k < kLaneColumns; ++k) {
             const int64_t column = tile + lane + k * kWarp;
             if (column < channels) {
-              contribution[k] += weight * bucket_table[a * channels + column];
+              contribution[k] += weight * table[a * channels + column];
             }
           }
         }
       } else {
+        const int* rows = buckets.segment_rows(segment);
         for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
           const int count = static_cast<int>(min64(kWarp, hi - pos0));
-          const int lane_j = lane < count ? order[base + pos0 + lane] : 0;
+          const int lane_j = lane < count ? rows[pos0 + lane] : 0;
           for (int t = 0; t < count; ++t) {
             const int64_t j = __shfl_sync(kFullMask, lane_j, t);
-            const scalar_t* kw = batch_weights + j * width;
+            const scalar_t* w = batch_weights + j * width;
             float dot = 0.0f;
 #pragma unroll
             for (int k = 0; k < kLaneColumns; ++k) {
               const int64_t a = lane + k * kWarp;
               if (a < width) {
-                dot += qw_lane[k] * static_cast<float>(kw[a]);
+                dot += lw_lane[k] * static_cast<float>(w[a]);
               }
             }
             for (int64_t a = kTileColumns + lane; a < width; a += kWarp) {
-              dot += static_cast<float>(qw[a]) * static_cast<float>(kw[a]);
+              dot += static_cast<float>(lw[a]) * static_cast<float>(w[a]);
             }
             dot = warp_sum(dot);
             const scalar_t* v = batch_values + j * channels;
@@ -839,33 +976,40 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_query_kernel(
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// lsh_collided_gradient
-
-// One warp per query (b, i), owning out[b, i]. For each 128-column tile of d: acc = out row, then
-// for each hash h of the chunk in order, each key j of the query's bucket in sorted order, unless
-// (q, j) collides in an earlier hash h' < h: acc += (qw . kw_j) f'(0.99 qv . kv_j) kv_j.
-template <typename scalar_t>
+// One warp per query (b, i), owning out[b, i]. For each 128-column tile of d: acc = 0 on the first
+// chunk of hashes (else the out row), then for each hash h of the view in order, each key j of the
+// query's bucket in sorted order, unless (q, j) collides in an earlier hash h' < h:
+// acc += (qw . kw_j) f'(0.99 qv . kv_j) kv_j. A padded query gets zeros.
+template <typename scalar_t, typename Buckets>
 __global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
-    const int* __restrict__ query_codes, const bool* __restrict__ query_mask, const scalar_t* __restrict__ query_vectors,
-    const scalar_t* __restrict__ query_weights, const int* __restrict__ key_codes, const key_t* __restrict__ keys,
-    const int* __restrict__ order, const scalar_t* __restrict__ key_vectors, const scalar_t* __restrict__ key_weights,
-    float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t num_keys, int64_t dim, int64_t width,
-    int num_hashes, int h0, int hc, int hash_bits, int64_t segment0) {
+    Buckets buckets, const int* __restrict__ query_codes, const bool* __restrict__ query_mask,
+    const scalar_t* __restrict__ query_vectors, const scalar_t* __restrict__ query_weights,
+    const int* __restrict__ key_codes, const scalar_t* __restrict__ key_vectors, const scalar_t* __restrict__ key_weights,
+    float* __restrict__ out, int64_t num_queries_total, int64_t num_queries, int64_t dim, int64_t width, int num_hashes,
+    bool first) {
   const int64_t query = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (query >= num_queries_total || !query_mask[query]) {
+  if (query >= num_queries_total) {
     return;  // warp-uniform
   }
+  const int* q_codes = query_codes + query * num_hashes;
+  const int hash_bits = buckets.hash_bits;
+  assert_codes_in_range(q_codes, buckets.h0, buckets.hc, hash_bits, true, lane);
+  float* out_row = out + query * dim;
+  if (!query_mask[query]) {  // warp-uniform
+    for (int64_t column = lane; first && column < dim; column += kWarp) {
+      out_row[column] = 0.0f;
+    }
+    return;
+  }
+  const int64_t num_keys = buckets.num_rows;
   const int64_t b = query / num_queries;
   const unsigned code_mask = (1u << hash_bits) - 1u;
-  const int* q_codes = query_codes + query * num_hashes;
   const scalar_t* qv = query_vectors + query * dim;
   const scalar_t* qw = query_weights + query * width;
   const scalar_t* batch_vectors = key_vectors + b * num_keys * dim;
   const scalar_t* batch_weights = key_weights + b * num_keys * width;
   const int* batch_codes = key_codes + b * num_keys * num_hashes;
-  float* out_row = out + query * dim;
   float qv_lane[kLaneColumns], qw_lane[kLaneColumns];
 #pragma unroll
   for (int k = 0; k < kLaneColumns; ++k) {
@@ -881,20 +1025,18 @@ __global__ void __launch_bounds__(kBlock, 3) collided_gradient_kernel(
 #pragma unroll
     for (int k = 0; k < kLaneColumns; ++k) {
       const int64_t column = tile + lane + k * kWarp;
-      acc[k] = column < dim ? out_row[column] : 0.0f;
+      acc[k] = !first && column < dim ? out_row[column] : 0.0f;
     }
-    for (int hl = 0; hl < hc; ++hl) {
-      const int h = h0 + hl;
-      const int64_t segment = b * hc + hl;
-      const int64_t base = segment * num_keys;
-      const key_t key = bucket_key(segment0 + segment, q_codes[h], hash_bits);
-      int64_t lo, hi;
-      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {
+    for (int hl = 0; hl < buckets.hc; ++hl) {
+      const int h = buckets.h0 + hl;
+      int64_t segment, lo, hi;
+      if (!buckets.find(b, hl, q_codes[h], segment, lo, hi)) {
         continue;
       }
+      const int* rows = buckets.segment_rows(segment);
       for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
         const int count = static_cast<int>(min64(kWarp, hi - pos0));
-        const int lane_j = lane < count ? order[base + pos0 + lane] : 0;
+        const int lane_j = lane < count ? rows[pos0 + lane] : 0;
         for (int t = 0; t < count; ++t) {
           const int64_t j = __shfl_sync(kFullMask, lane_j, t);
           // Counted only in its first colliding hash (warp-uniform decision).
@@ -1009,62 +1151,85 @@ void check_codes_in_range(const at::Tensor& query_codes, const at::Tensor& key_c
   }
 }
 
-// Buckets of more than this many rows use the outer-product table: with heavy >= 2 w c / (w + c)
-// the tables of one hash hold at most n / (heavy + 1) * w * c < n * (w + c) / 2 floats per batch row,
-// and enumerating a light bucket costs at most heavy * (w + c) ~ 2 w c per lookup.
+// Buckets of more than this many rows are contracted through an outer-product table. With heavy >=
+// 2 w c / (w + c), enumerating a light bucket costs at most heavy (w + c) ~ 2 w c per lookup, about
+// two table contractions; with heavy + 1 >= w c / kTableFloatsPerRow the tables (at most n / (heavy
+// + 1) per segment) hold at most kTableFloatsPerRow floats per indexed row and hash.
 int64_t heavy_threshold(int64_t width, int64_t channels) {
-  return std::max<int64_t>(kHeavyMin, (2 * width * channels + width + channels - 1) / (width + channels));
+  const int64_t balanced = (2 * width * channels + width + channels - 1) / std::max<int64_t>(width + channels, 1);
+  const int64_t bounded = (width * channels + kTableFloatsPerRow - 1) / kTableFloatsPerRow - 1;
+  return std::max({static_cast<int64_t>(kHeavyMin), balanced, bounded});
 }
 
-// Scratch bytes per hash of a weighted cumulation over `rows` sorted rows per batch row: the sort's
-// double buffers (24 bytes per row) and the heavy buckets' tables.
+// Scratch bytes per hash of a radix-path weighted cumulation over `rows` sorted rows per batch row:
+// the sort's double buffers (24 bytes per row) and the heavy buckets' tables.
 int64_t weighted_bytes_per_hash(int64_t batch, int64_t rows, int64_t width, int64_t channels) {
   const int64_t slots = rows / (heavy_threshold(width, channels) + 1);
-  return batch * rows * 24 + batch * slots * (4 + 4 * width * channels);
+  return batch * rows * 24 + batch * slots * 4 * width * channels;
 }
 
-// One chunk of hashes [h0, h0 + hc) of a weighted cumulation: for each lookup row i (a query, or a
-// key for the transposed sum) and each hash of the chunk in order, out[b, i] += the sum over the
-// rows j of its bucket among `side` of sorted (lw_i . sw_j) sv_j, heavy buckets through their
-// kw (x) v table. The last chunk divides by the number of hashes.
-template <typename scalar_t>
-void weighted_chunk(const SortedBuckets& sorted, int side, const at::Tensor& lookup_codes, const at::Tensor& lookup_mask,
-                    const at::Tensor& lookup_weights, const at::Tensor& side_weights, const at::Tensor& side_values,
-                    at::Tensor& out, int64_t num_hashes, int64_t h0, int64_t hc, int hash_bits, cudaStream_t stream) {
-  const int64_t batch = lookup_codes.size(0), num_lookups = lookup_codes.size(1), num_rows = side_weights.size(1);
-  const int64_t width = lookup_weights.size(2), channels = side_values.size(2);
-  if (num_lookups == 0 || num_rows == 0 || channels == 0 || width == 0) {
-    return;
+// One direction of a weighted cumulation, as the host holds it (see WeightedPass).
+struct WeightedDirection {
+  const Side* lookup;              // the lookup rows' codes and mask
+  const at::Tensor* lookup_weights;
+  const at::Tensor* weights;       // the indexed rows'
+  const at::Tensor* values;        // the indexed rows'
+  at::Tensor* out;
+  bool lookup_queries;
+};
+
+// One or two directions of a weighted cumulation over `views` of their indexed sides (every hash,
+// or one chunk of hashes [h0, h0 + hc)): the heavy buckets' tables of both in one launch, then the
+// lookups of both in one launch. `first`: no earlier chunk wrote out; `last`: divide by m.
+template <typename scalar_t, typename Buckets>
+void run_weighted(const WeightedDirection* directions, const Buckets* views, int count, int64_t num_hashes, bool first,
+                  bool last, cudaStream_t stream) {
+  const int64_t width = directions[0].lookup_weights->size(2);
+  WeightedPass<scalar_t, Buckets> passes[2];
+  at::Tensor tables[2];
+  int64_t slot_items[2] = {0, 0}, lookups[2] = {0, 0};
+  int64_t entries_max = 0;
+  for (int d = 0; d < count; ++d) {
+    const WeightedDirection& direction = directions[d];
+    const int64_t batch = direction.lookup->codes.size(0), num_lookups = direction.lookup->codes.size(1);
+    const int64_t num_rows = direction.values->size(1), channels = direction.values->size(2);
+    const int64_t heavy = heavy_threshold(width, channels);
+    const int64_t slots = direction.out->numel() > 0 ? num_rows / (heavy + 1) : 0;
+    slot_items[d] = batch * views[d].hc * slots;
+    lookups[d] = direction.out->numel() > 0 ? batch * num_lookups : 0;
+    entries_max = std::max(entries_max, width * channels);
+    tables[d] = at::empty({slot_items[d] * width * channels}, direction.out->options());
+    passes[d] = WeightedPass<scalar_t, Buckets>{views[d],
+                                                direction.lookup->codes.data_ptr<int>(),
+                                                direction.lookup->mask.data_ptr<bool>(),
+                                                direction.lookup_weights->data_ptr<scalar_t>(),
+                                                direction.weights->data_ptr<scalar_t>(),
+                                                direction.values->data_ptr<scalar_t>(),
+                                                tables[d].data_ptr<float>(),
+                                                direction.out->data_ptr<float>(),
+                                                num_lookups,
+                                                channels,
+                                                heavy,
+                                                slots,
+                                                direction.lookup_queries};
   }
-  const int64_t heavy = heavy_threshold(width, channels);
-  const int64_t slots = num_rows / (heavy + 1);
-  const int64_t entries = width * channels;
-  const key_t* keys = sorted.keys + sorted.offset[side];
-  const int* order = sorted.order + sorted.offset[side];
-  const int64_t total = batch * hc * num_rows;
-  const int64_t num_slots = batch * hc * slots;
-  at::Tensor table = at::empty({num_slots * entries}, out.options());
-  at::Tensor heavy_start;
-  if (num_slots > 0) {
-    TORCH_CHECK(num_slots <= std::numeric_limits<int32_t>::max(), "yoso: too many bucket tables (", num_slots, ")");
-    heavy_start = at::full({num_slots}, -1, lookup_codes.options());
-    mark_heavy_buckets_kernel<<<thread_grid(total), kBlock, 0, stream>>>(keys, heavy_start.data_ptr<int>(), total, num_rows,
-                                                                          heavy, slots, hash_bits);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
-    const dim3 grid(static_cast<unsigned>(num_slots), static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
-    heavy_bucket_tables_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(
-        keys, order, heavy_start.data_ptr<int>(), side_weights.data_ptr<scalar_t>(), side_values.data_ptr<scalar_t>(),
-        table.data_ptr<float>(), num_rows, slots, width, channels, static_cast<int>(hc));
+  if (count == 1) {
+    passes[1] = passes[0];  // never read: no block or warp past the first direction's
+  }
+  const int64_t slot_total = slot_items[0] + slot_items[1];
+  if (slot_total > 0 && entries_max > 0) {
+    TORCH_CHECK(slot_total <= std::numeric_limits<int32_t>::max(), "yoso: too many bucket tables (", slot_total, ")");
+    const int64_t groups = (entries_max + kTableOutputs - 1) / kTableOutputs;
+    const dim3 grid(static_cast<unsigned>(slot_total), static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
+    heavy_bucket_tables_kernel<scalar_t, Buckets><<<grid, kBlock, 0, stream>>>(passes[0], passes[1], slot_items[0], width);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  weighted_query_kernel<scalar_t><<<warp_grid(batch * num_lookups), kBlock, 0, stream>>>(
-      lookup_codes.data_ptr<int>(), lookup_mask.data_ptr<bool>(), lookup_weights.data_ptr<scalar_t>(), keys, order,
-      side_weights.data_ptr<scalar_t>(), side_values.data_ptr<scalar_t>(), num_slots > 0 ? table.data_ptr<float>() : nullptr,
-      out.data_ptr<float>(), batch * num_lookups, num_lookups, num_rows, width, channels, heavy, slots,
-      static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), hash_bits, sorted.segment0[side],
-      h0 + hc == num_hashes);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t lookup_total = lookups[0] + lookups[1];
+  if (lookup_total > 0) {
+    weighted_lookup_kernel<scalar_t, Buckets><<<warp_grid(lookup_total), kBlock, 0, stream>>>(
+        passes[0], passes[1], lookups[0], lookup_total, width, static_cast<int>(num_hashes), first, last);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs_in, int64_t num_hashes,
@@ -1104,17 +1269,54 @@ at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs
   return codes;
 }
 
-// Whether lsh_cumulation runs on the counting sort. YOSO_CUDA_CUMULATION=radix forces the radix path
+// Whether a cumulation runs on the counting sort. YOSO_CUDA_CUMULATION=radix forces the radix path
 // (its tests use it); otherwise the table of 2^tau bucket ends per hash must hold at most
-// max(kCountingMinBuckets, 2 nk) entries, true for the LRA rule tau = ceil(log2 n). A larger tau,
-// whose buckets hold about one key, takes the radix path rather than a table mostly empty.
-bool use_counting_sort(int hash_bits, int64_t num_keys) {
+// max(kCountingMinBuckets, 2 n) entries (n the longer indexed side), true for the LRA rule
+// tau = ceil(log2 n). A larger tau, whose buckets hold about one row, takes the radix path rather
+// than a table mostly empty.
+bool use_counting_sort(int hash_bits, int64_t num_rows) {
   const char* text = std::getenv("YOSO_CUDA_CUMULATION");
   const std::string choice = text == nullptr ? "" : text;
   TORCH_CHECK_VALUE(choice.empty() || choice == "counting" || choice == "radix",
                     "YOSO_CUDA_CUMULATION must be 'counting' or 'radix', got '", choice, "'");
   return choice != "radix" && hash_bits <= 30 &&
-         (int64_t(1) << hash_bits) <= std::max<int64_t>(kCountingMinBuckets, 2 * num_keys);
+         (int64_t(1) << hash_bits) <= std::max<int64_t>(kCountingMinBuckets, 2 * num_rows);
+}
+
+// The counting sort's index of one side: (B m, 2^tau) bucket ends and (B m, n) row indices.
+struct BucketIndex {
+  at::Tensor bucket_end, rows;
+};
+
+// Indexes every hash of one or two sides in one launch of bucket_index_kernel.
+void index_buckets(const Side* sides, int num_sides, int hash_bits, BucketIndex* index, cudaStream_t stream) {
+  const int64_t segments = sides[0].codes.size(0) * sides[0].codes.size(2);
+  IndexedSide indexed[2];
+  for (int s = 0; s < num_sides; ++s) {
+    const int64_t length = sides[s].codes.size(1);
+    index[s].bucket_end = at::empty({segments << hash_bits}, sides[s].codes.options());
+    index[s].rows = at::empty({segments * length}, sides[s].codes.options());
+    indexed[s] = IndexedSide{sides[s].codes.data_ptr<int>(), sides[s].mask.data_ptr<bool>(),
+                             index[s].bucket_end.data_ptr<int>(), index[s].rows.data_ptr<int>(), length, sides[s].queries};
+  }
+  if (num_sides == 1) {
+    indexed[1] = indexed[0];  // never read: no warp past the first side's segments
+  }
+  if (segments > 0) {
+    bucket_index_kernel<<<warp_grid(num_sides * segments), kBlock, 0, stream>>>(
+        indexed[0], indexed[1], segments, num_sides, static_cast<int>(sides[0].codes.size(2)), hash_bits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+CountingBuckets counting_view(const Side& side, const BucketIndex& index, int hash_bits) {
+  return CountingBuckets{side.codes.data_ptr<int>(), index.bucket_end.data_ptr<int>(), index.rows.data_ptr<int>(),
+                         side.codes.size(1), 0, static_cast<int>(side.codes.size(2)), hash_bits};
+}
+
+RadixBuckets radix_view(const SortedBuckets& sorted, int side, int64_t num_rows, int64_t h0, int64_t hc, int hash_bits) {
+  return RadixBuckets{sorted.keys + sorted.offset[side], sorted.order + sorted.offset[side], num_rows,
+                      sorted.segment0[side], static_cast<int>(h0), static_cast<int>(hc), hash_bits};
 }
 
 // lsh_cumulation by counting sort: three launches (bucket_index_kernel, heavy_bucket_sums_kernel,
@@ -1128,27 +1330,22 @@ at::Tensor lsh_cumulation_counting(const at::Tensor& query_codes, const at::Tens
     check_codes_in_range(query_codes, keys.codes, hash_bits, stream);  // nothing to look up, but bad codes still fail
     return out;
   }
-  const int64_t buckets = int64_t(1) << hash_bits;
   const int64_t segments = batch * num_hashes;
   const int64_t slots = num_keys / (kHeavyMin + 1);
-  at::Tensor bucket_end = at::empty({segments * buckets}, query_codes.options());
-  at::Tensor rows = at::empty({segments * num_keys}, query_codes.options());
+  BucketIndex index;
+  index_buckets(&keys, 1, hash_bits, &index, stream);
+  const CountingBuckets view = counting_view(keys, index, hash_bits);
   at::Tensor heavy_sums = at::empty({segments * slots * channels}, out.options());
-  bucket_index_kernel<<<warp_grid(segments), kBlock, 0, stream>>>(keys.codes.data_ptr<int>(), keys.mask.data_ptr<bool>(),
-                                                                  bucket_end.data_ptr<int>(), rows.data_ptr<int>(), segments,
-                                                                  num_keys, static_cast<int>(num_hashes), hash_bits);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "yoso_lsh_cumulation_counting", [&] {
     if (segments * slots > 0) {
       heavy_bucket_sums_kernel<scalar_t><<<warp_grid(segments * slots), kBlock, 0, stream>>>(
-          keys.codes.data_ptr<int>(), bucket_end.data_ptr<int>(), rows.data_ptr<int>(), values.data_ptr<scalar_t>(),
-          heavy_sums.data_ptr<float>(), segments * slots, slots, num_keys, channels, static_cast<int>(num_hashes), hash_bits);
+          view, values.data_ptr<scalar_t>(), heavy_sums.data_ptr<float>(), segments * slots, slots, channels);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     bucket_lookup_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
-        query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), bucket_end.data_ptr<int>(), rows.data_ptr<int>(),
-        values.data_ptr<scalar_t>(), heavy_sums.data_ptr<float>(), out.data_ptr<float>(), batch * num_queries, num_queries,
-        num_keys, channels, slots, static_cast<int>(num_hashes), hash_bits);
+        view, query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), values.data_ptr<scalar_t>(),
+        heavy_sums.data_ptr<float>(), out.data_ptr<float>(), batch * num_queries, num_queries, channels, slots,
+        static_cast<int>(num_hashes));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -1169,7 +1366,7 @@ at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tenso
 
   const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous(), false};
   const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
   if (use_counting_sort(tau, num_keys)) {
     return lsh_cumulation_counting(query_codes, query_mask, keys, values_in.contiguous(), tau, stream);
@@ -1217,16 +1414,16 @@ at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const 
   check_row_count(query_codes_in, "query_codes");
   check_row_count(key_codes_in, "key_codes");
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
-  const int64_t num_hashes = query_codes_in.size(2), width = query_weights_in.size(2), channels = values_in.size(2);
+  const int64_t num_hashes = query_codes_in.size(2), channels = values_in.size(2);
   const int tau = static_cast<int>(hash_bits);
 
   const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
-  const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
-  check_codes_in_range(query_codes, keys.codes, tau, stream);
-  auto out = at::zeros({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
-  if (batch == 0) {
+  const Side queries{query_codes_in.contiguous(), query_mask_in.contiguous(), true};
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous(), false};
+  auto out = at::empty({batch, num_queries, channels}, values_in.options().dtype(at::kFloat));
+  if (out.numel() == 0) {
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);  // nothing to look up, but bad codes still fail
     return out;
   }
   const auto type = at::promote_types(at::promote_types(query_weights_in.scalar_type(), key_weights_in.scalar_type()),
@@ -1234,23 +1431,34 @@ at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const 
   const at::Tensor query_weights = query_weights_in.to(type).contiguous();
   const at::Tensor key_weights = key_weights_in.to(type).contiguous();
   const at::Tensor values = values_in.to(type).contiguous();
+  const WeightedDirection direction{&queries, &query_weights, &key_weights, &values, &out, true};
 
-  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, weighted_bytes_per_hash(batch, num_keys, width, channels));
-  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-    const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_cuda", [&] {
-      weighted_chunk<scalar_t>(sorted, 0, query_codes, query_mask, query_weights, key_weights, values, out, num_hashes, h0,
-                               hc, tau, stream);
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_cuda", [&] {
+    if (use_counting_sort(tau, num_keys)) {
+      BucketIndex index;
+      index_buckets(&keys, 1, tau, &index, stream);
+      const CountingBuckets view = counting_view(keys, index, tau);
+      run_weighted<scalar_t>(&direction, &view, 1, num_hashes, true, true, stream);
+      return;
+    }
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);
+    const int64_t width = query_weights.size(2);
+    const int64_t hc_max =
+        hashes_per_chunk(num_hashes, batch * num_keys, weighted_bytes_per_hash(batch, num_keys, width, channels));
+    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+      const int64_t hc = std::min(hc_max, num_hashes - h0);
+      const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
+      const RadixBuckets view = radix_view(sorted, 0, num_keys, h0, hc, tau);
+      run_weighted<scalar_t>(&direction, &view, 1, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
+    }
+  });
   return out;
 }
 
 // Both sides of the weighted cumulation (YOSO's lower-bound grad Q and grad K, which share the pair
-// weights s_ij = qw_i . kw_j): the keys and the queries of a chunk sorted by one radix sort, then
-// query_out_i += sum_j s_ij key_values_j over i's bucket among the keys and key_out_j += sum_i s_ij
-// query_values_i over j's bucket among the queries.
+// weights s_ij = qw_i . kw_j): query_out_i = sum_j s_ij key_values_j over i's bucket among the keys
+// and key_out_j = sum_i s_ij query_values_i over j's bucket among the queries. Both sides are indexed
+// in one launch (or sorted in one radix sort per chunk), then each step runs for both directions at once.
 std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
     const at::Tensor& query_codes_in, const at::Tensor& query_mask_in, const at::Tensor& query_weights_in,
     const at::Tensor& query_values_in, const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
@@ -1273,14 +1481,14 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
 
   const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Side sides[2] = {{key_codes_in.contiguous(), key_mask_in.contiguous()},
-                         {query_codes_in.contiguous(), query_mask_in.contiguous()}};
+  const Side sides[2] = {{key_codes_in.contiguous(), key_mask_in.contiguous(), false},
+                         {query_codes_in.contiguous(), query_mask_in.contiguous(), true}};
   const Side& keys = sides[0];
   const Side& queries = sides[1];
-  check_codes_in_range(queries.codes, keys.codes, tau, stream);
-  auto query_out = at::zeros({batch, num_queries, key_channels}, key_values_in.options().dtype(at::kFloat));
-  auto key_out = at::zeros({batch, num_keys, query_channels}, query_values_in.options().dtype(at::kFloat));
-  if (batch == 0 || num_queries == 0 || num_keys == 0) {
+  auto query_out = at::empty({batch, num_queries, key_channels}, key_values_in.options().dtype(at::kFloat));
+  auto key_out = at::empty({batch, num_keys, query_channels}, query_values_in.options().dtype(at::kFloat));
+  if (query_out.numel() == 0 && key_out.numel() == 0) {
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);  // nothing to look up, but bad codes still fail
     return {query_out, key_out};
   }
   const auto type = at::promote_types(at::promote_types(query_weights_in.scalar_type(), key_weights_in.scalar_type()),
@@ -1289,20 +1497,30 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
   const at::Tensor query_values = query_values_in.to(type).contiguous();
   const at::Tensor key_weights = key_weights_in.to(type).contiguous();
   const at::Tensor key_values = key_values_in.to(type).contiguous();
+  // Direction 0 looks the queries up among the keys (side 0), direction 1 the keys among the queries.
+  const WeightedDirection directions[2] = {{&queries, &query_weights, &key_weights, &key_values, &query_out, true},
+                                           {&keys, &key_weights, &query_weights, &query_values, &key_out, false}};
 
-  const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, key_channels) +
-                                 weighted_bytes_per_hash(batch, num_queries, width, query_channels);
-  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
-  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-    const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_both_cuda", [&] {
-      weighted_chunk<scalar_t>(sorted, 0, queries.codes, queries.mask, query_weights, key_weights, key_values, query_out,
-                               num_hashes, h0, hc, tau, stream);
-      weighted_chunk<scalar_t>(sorted, 1, keys.codes, keys.mask, key_weights, query_weights, query_values, key_out,
-                               num_hashes, h0, hc, tau, stream);
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_both_cuda", [&] {
+    if (use_counting_sort(tau, std::max(num_queries, num_keys))) {
+      BucketIndex index[2];
+      index_buckets(sides, 2, tau, index, stream);
+      const CountingBuckets views[2] = {counting_view(keys, index[0], tau), counting_view(queries, index[1], tau)};
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, true, true, stream);
+      return;
+    }
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);
+    const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, key_channels) +
+                                   weighted_bytes_per_hash(batch, num_queries, width, query_channels);
+    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
+    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+      const int64_t hc = std::min(hc_max, num_hashes - h0);
+      const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
+      const RadixBuckets views[2] = {radix_view(sorted, 0, num_keys, h0, hc, tau),
+                                     radix_view(sorted, 1, num_queries, h0, hc, tau)};
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
+    }
+  });
   return {query_out, key_out};
 }
 
@@ -1329,11 +1547,11 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
 
   const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous()};
+  const Side keys{key_codes_in.contiguous(), key_mask_in.contiguous(), false};
   const at::Tensor query_codes = query_codes_in.contiguous(), query_mask = query_mask_in.contiguous();
-  check_codes_in_range(query_codes, keys.codes, tau, stream);
-  auto out = at::zeros({batch, num_queries, dim}, query_vectors_in.options().dtype(at::kFloat));
-  if (batch == 0 || num_queries == 0 || num_keys == 0 || dim == 0 || width == 0) {
+  auto out = at::empty({batch, num_queries, dim}, query_vectors_in.options().dtype(at::kFloat));
+  if (out.numel() == 0) {
+    check_codes_in_range(query_codes, keys.codes, tau, stream);  // nothing to look up, but bad codes still fail
     return out;
   }
   const auto type = at::promote_types(
@@ -1344,20 +1562,29 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
   const at::Tensor key_vectors = key_vectors_in.to(type).contiguous();
   const at::Tensor key_weights = key_weights_in.to(type).contiguous();
 
-  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, batch * num_keys * 24);
-  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-    const int64_t hc = std::min(hc_max, num_hashes - h0);
-    const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_collided_gradient_cuda", [&] {
-      collided_gradient_kernel<scalar_t><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
-          query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_vectors.data_ptr<scalar_t>(),
-          query_weights.data_ptr<scalar_t>(), keys.codes.data_ptr<int>(), sorted.keys, sorted.order,
-          key_vectors.data_ptr<scalar_t>(), key_weights.data_ptr<scalar_t>(), out.data_ptr<float>(), batch * num_queries,
-          num_queries, num_keys, dim, width, static_cast<int>(num_hashes), static_cast<int>(h0), static_cast<int>(hc), tau,
-          sorted.segment0[0]);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_collided_gradient_cuda", [&] {
+    const auto launch = [&](const auto& view, bool first) {
+      collided_gradient_kernel<scalar_t, std::decay_t<decltype(view)>><<<warp_grid(batch * num_queries), kBlock, 0, stream>>>(
+          view, query_codes.data_ptr<int>(), query_mask.data_ptr<bool>(), query_vectors.data_ptr<scalar_t>(),
+          query_weights.data_ptr<scalar_t>(), keys.codes.data_ptr<int>(), key_vectors.data_ptr<scalar_t>(),
+          key_weights.data_ptr<scalar_t>(), out.data_ptr<float>(), batch * num_queries, num_queries, dim, width,
+          static_cast<int>(num_hashes), first);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+    };
+    if (use_counting_sort(tau, num_keys)) {
+      BucketIndex index;
+      index_buckets(&keys, 1, tau, &index, stream);
+      launch(counting_view(keys, index, tau), true);
+      return;
+    }
+    check_codes_in_range(query_codes, keys.codes, tau, stream);
+    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, batch * num_keys * 24);
+    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+      const int64_t hc = std::min(hc_max, num_hashes - h0);
+      const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
+      launch(radix_view(sorted, 0, num_keys, h0, hc, tau), h0 == 0);
+    }
+  });
   return out;
 }
 
