@@ -44,6 +44,27 @@ def test_equals_the_pairwise_sum_formula_in_float64(n):
         torch.testing.assert_close(attn(q.float(), k.float(), v.float(), mask).double(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_written_out_backward_equals_autograd_through_the_pairwise_formula(masked):
+    """The attention's own backward: the gradients of q, k and v equal autograd's through the pairwise sum formula
+    in float64 (padded keys and values get none), and finite differences confirm them (gradcheck)."""
+    n = 9
+    attn = build(n)
+    q, k, v = (t.requires_grad_() for t in random_qkv(4, n, dtype=torch.float64, value_dim=5))
+    mask = ragged_mask(n, row3=4) if masked else None
+    grad = torch.randn(4, 2, n, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ours = torch.autograd.grad(attend64(attn, q, k, v, mask), (q, k, v), grad)
+    expected = torch.autograd.grad(pairwise_reference(q, k, v, mask), (q, k, v), grad)
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    if masked:
+        padded = ~mask[:, None, :, None]
+        assert (ours[1] * padded == 0).all() and (ours[2] * padded == 0).all(), "padded keys and values get no gradient"
+    small = tuple(t.detach()[:, :1, :5, :3].clone().requires_grad_() for t in (q, k, v))
+    small_mask = None if mask is None else mask[:, :5]
+    assert torch.autograd.gradcheck(lambda *qkv: attend64(attn, *qkv, small_mask), small)
+
+
 def test_value_dim_may_differ_and_eps_is_the_configured_one():
     n = 21
     q, k, v = random_qkv(4, n, value_dim=3 * HEAD_DIM)
