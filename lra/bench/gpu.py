@@ -11,7 +11,9 @@ step that fails:
 ``memcheck``  the same tests under ``compute-sanitizer --tool memcheck`` (no caching allocator,
               so an out-of-bounds access lands outside an allocation)
 ``racecheck`` the same tests under ``compute-sanitizer --tool racecheck`` (shared-memory hazards)
-``kernels``   ``python -m lra.bench kernels`` (YOSO-32 against every SDPA backend, 1K..64K tokens)
+``kernels``   ``python -m lra.bench kernels`` (YOSO-32 against every SDPA backend, 1K..64K tokens;
+              with ``--official-yoso PATH``, also the official mlpen/YOSO kernels and the ratio
+              official / ours per shape at forward+backward)
 ``efficiency``  a short ``python -m lra.bench efficiency`` (every attention, n = 512, 2048, 8192)
 ``train``     ``python -m lra.train -m trainer=gpu attention=<every preset>``: a short run of
               each preset on the smoke ListOps (generated), outputs in a fresh folder
@@ -108,8 +110,17 @@ def preset_names() -> list[str]:
     return config.attention_rows()
 
 
-def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter: str | None = None) -> dict[str, Step]:
+def plan(
+    out: Path,
+    train_dir: Path,
+    timeout: float | None = None,
+    pytest_filter: str | None = None,
+    official_yoso: Path | None = None,
+    official_yoso_commit: str | None = None,
+) -> dict[str, Step]:
     """Every step, in order, with its command."""
+    official = ["--official-yoso", str(official_yoso)] if official_yoso else []
+    official += ["--official-yoso-commit", official_yoso_commit] if official_yoso and official_yoso_commit else []
     python = sys.executable
     cuda_tests = CUDA_TESTS + (["-k", pytest_filter] if pytest_filter else [])
     sanitizer = compute_sanitizer()
@@ -159,8 +170,9 @@ def plan(out: Path, train_dir: Path, timeout: float | None = None, pytest_filter
                 "65536",
                 "--out",
                 str(out),
+                *official,
             ],
-            540,
+            570 if official else 540,  # theirs: their extensions are built first (cached in ~/.cache/torch_extensions)
         ),
         Step(
             "efficiency",
@@ -311,7 +323,48 @@ def kernels_figures(out: Path) -> list[str]:
             f"{dtype} d={head_dim} n={longest['seq_len']} forward+backward: yoso_32 {float(longest['time_ms']):.2f} ms, {against}"
         )
     failed = sum(bool(r["error"]) for r in rows)
-    return figures + [f"{len(rows)} rows, {failed} with an error (out of memory or a backend refusing the inputs)"]
+    return (
+        figures
+        + official_figures(rows)
+        + [f"{len(rows)} rows, {failed} with an error (out of memory or a backend refusing the inputs)"]
+    )
+
+
+def official_figures(rows: list[dict[str, str]]) -> list[str]:
+    """Per shape, forward+backward: official mlpen/YOSO's time / ours (issue 39's target: >= 5), where both ran."""
+    figures = []
+    for method in sorted({r["method"] for r in rows if r["method"].startswith("yoso_32/official")}):
+        ratios = []
+        for theirs in [r for r in rows if r["method"] == method and r["pass"] == "forward+backward"]:
+            shape = (theirs["dtype"], theirs["head_dim"], theirs["seq_len"])
+            label = f"{shape[0]} d={shape[1]} n={shape[2]}"
+            ours = next(
+                (
+                    r
+                    for r in rows
+                    if r["method"] == "yoso_32"
+                    and r["pass"] == "forward+backward"
+                    and (r["dtype"], r["head_dim"], r["seq_len"]) == shape
+                ),
+                None,
+            )
+            if theirs["error"] or theirs["time_ms"] in ("", "nan"):
+                figures.append(f"{label} forward+backward: {method} failed: {theirs['error'][:160]}")
+            elif ours is None or ours["error"] or ours["time_ms"] in ("", "nan"):
+                figures.append(f"{label} forward+backward: {method} {float(theirs['time_ms']):.2f} ms, yoso_32 did not run")
+            else:
+                ratio = float(theirs["time_ms"]) / float(ours["time_ms"])
+                ratios.append(ratio)
+                figures.append(
+                    f"{label} forward+backward: {method} {float(theirs['time_ms']):.2f} ms / yoso_32 "
+                    f"{float(ours['time_ms']):.2f} ms = {ratio:.1f}x"
+                )
+        commit = next((r.get("official_commit") for r in rows if r["method"] == method and r.get("official_commit")), "?")
+        verdict = f"{'met' if ratios and min(ratios) >= 5 else 'NOT met'}" + (
+            f" (lowest {min(ratios):.1f}x)" if ratios else " (no ratio)"
+        )
+        figures.append(f"{method} (mlpen/YOSO {commit[:12]}) / yoso_32 >= 5x at every shape: {verdict}")
+    return figures
 
 
 def efficiency_figures(out: Path) -> list[str]:
@@ -505,6 +558,16 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)"
     )
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
+    parser.add_argument(
+        "--official-yoso",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a checkout of mlpen/YOSO: the kernels step times its kernels too (python -m lra.bench kernels --official-yoso)",
+    )
+    parser.add_argument(
+        "--official-yoso-commit", default=None, help="its commit, where PATH is not a git checkout (passed to the kernels step)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.steps.split(",") if name.strip()]
@@ -513,7 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown step(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(names)}")
     out = args.out.resolve()
     train_dir = Path("outputs", "gpu_validation", datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
-    steps = [step for name, step in plan(out, train_dir, args.timeout, args.pytest_filter).items() if name in chosen]
+    if args.official_yoso and not args.official_yoso.is_dir():
+        parser.error(f"--official-yoso {args.official_yoso}: no such folder (a checkout of mlpen/YOSO)")
+    official = args.official_yoso.resolve() if args.official_yoso else None  # the steps run from the repository root
+    steps = plan(out, train_dir, args.timeout, args.pytest_filter, official, args.official_yoso_commit)
+    steps = [step for name, step in steps.items() if name in chosen]
     if args.dry_run:
         for step in steps:
             note = f"  # skipped: {step.skip_reason}" if step.skip_reason else ""

@@ -9,7 +9,10 @@
 * ``yoso_32``: YOSO-32 (32 hashes, tau = log2 n, lower-bound backward) on the compiled kernels
   (``backend="compiled"``: missing kernels for the device are an error, not a silent fallback);
 * ``yoso_32/reference``: the same on the pure-PyTorch reference (``backend="reference"``, up to
-  ``--reference-max-length``).
+  ``--reference-max-length``);
+* ``yoso_32/official`` with ``--official-yoso PATH`` (a checkout of mlpen/YOSO; CUDA only): the official kernels,
+  32 hashes, the same tau, as their LRA model calls them (``lra/bench/official_yoso.py``), their commit in the
+  ``official_commit`` column.
 
 Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
 ``peak_memory_mb`` is the peak of a run after the warm-up above the memory in use before it (the inputs
@@ -32,11 +35,24 @@ import torch.nn.functional as F
 
 import attention_zoo
 import yoso_cuda
+from lra.bench import official_yoso
 from lra.bench.measure import MemoryMeter, synchronize, time_calls
 from lra.bench.output import RESULTS, write_csv
 from lra.results import device_name
 
-FIELDS = ["method", "pass", "seq_len", "head_dim", "dtype", "time_ms", "peak_memory_mb", "error", "device", "torch"]
+FIELDS = [
+    "method",
+    "pass",
+    "seq_len",
+    "head_dim",
+    "dtype",
+    "time_ms",
+    "peak_memory_mb",
+    "error",
+    "device",
+    "torch",
+    "official_commit",  # the mlpen/YOSO commit of the yoso_32/official rows (empty in others)
+]
 
 
 def sdpa_backends(device: torch.device) -> dict[str, object]:
@@ -65,8 +81,18 @@ def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
     return statistics.median(time_calls(run, device, repeats)), peak
 
 
-def attention_call(method: str, length: int, head_dim: int, dtype: torch.dtype, device: torch.device, backward: bool):
+def attention_call(
+    method: str,
+    length: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    backward: bool,
+    official: official_yoso.Official | None = None,
+):
     """A closure running one attention call (and its backward) on fresh random q, k, v."""
+    if official is not None and method in official.methods:
+        return official.call(method, length, head_dim, dtype, device, backward)
     q, k, v = (torch.randn(1, 2, length, head_dim, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
     if method.startswith("softmax"):
         backend = sdpa_backends(device)[method.split("/")[1]]
@@ -127,8 +153,39 @@ def main(argv: list[str] | None = None) -> int:
         default=RESULTS,
         help="folder for kernels_<device>.csv and .png (default: results/ in the current folder)",
     )
+    parser.add_argument(
+        "--official-yoso",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a checkout of mlpen/YOSO: add its kernels as yoso_32/official (CUDA only; lra/bench/official_yoso.py)",
+    )
+    parser.add_argument(
+        "--official-yoso-commit",
+        default=None,
+        help="its commit, where PATH is not a git checkout (a `git archive`); default: git rev-parse HEAD in PATH",
+    )
+    parser.add_argument(
+        "--official-yoso-version",
+        nargs="+",
+        default=["v2"],
+        choices=sorted(official_yoso.VERSIONS),
+        help="their code paths to time: v2 (yoso_32/official, the default), v1 (yoso_32/official-v1)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    official = None
+    if args.official_yoso is not None:
+        if device.type not in official_yoso.DEVICES:
+            print(f"--official-yoso: mlpen/YOSO's kernels are CUDA-only, they cannot run on {device.type} (use --device cuda)")
+            return 1
+        try:
+            official_yoso.check_checkout(args.official_yoso, args.official_yoso_version)
+            commit = official_yoso.checkout_commit(args.official_yoso, args.official_yoso_commit)
+        except official_yoso.OfficialYOSOError as error:
+            print(f"--official-yoso: {error}")
+            return 1
+        official = official_yoso.Official(args.official_yoso, commit, args.official_yoso_version)
     lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
     kernels = yoso_cuda.kernels()
     library = kernels.cuda if device.type == "cuda" else kernels.cpu
@@ -140,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"torch {torch.__version__} on {device_name(device)}; YOSO's {library.describe()}")
     methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
+    methods += list(official.methods) if official else []
+    if official:
+        print(f"mlpen/YOSO {', '.join(official.versions)} at {official.commit} from {args.official_yoso}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"kernels_{device.type}.csv"
     rows = []
@@ -159,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                             device=device_name(device),
                             torch=torch.__version__,
                             error="",
+                            official_commit=official.commit if official and method in official.methods else "",
                         )
                         row["pass"] = "forward+backward" if backward else "forward"
                         try:
-                            run = attention_call(method, length, head_dim, dtype, device, backward)
+                            run = attention_call(method, length, head_dim, dtype, device, backward, official)
                             row["time_ms"], row["peak_memory_mb"] = measure(run, device, args.repeats)
                         except (RuntimeError, torch.OutOfMemoryError) as error:
                             row["time_ms"] = row["peak_memory_mb"] = math.nan
@@ -171,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                             torch.cuda.empty_cache()
                         rows.append(row)
                         print(
-                            f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<18} {row['pass']:<16} "
+                            f"{dtype_name:>8} d={head_dim:<3} n={length:<6} {method:<19} {row['pass']:<16} "
                             f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}",
                             flush=True,
                         )
