@@ -27,6 +27,7 @@ from .ops import (
     kernels,
     lsh_collided_gradient,
     lsh_cumulation,
+    lsh_lower_bound_gradients,
     lsh_weighted_cumulation,
     lsh_weighted_cumulation_both,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "lsh_attention",
     "lsh_collided_gradient",
     "lsh_cumulation",
+    "lsh_lower_bound_gradients",
     "lsh_weighted_cumulation",
     "lsh_weighted_cumulation_both",
     "softmax_dropout_attention",

@@ -77,14 +77,13 @@ def lsh_attention_backward(
     """YOSO's gradient estimates ``(grad queries, grad keys, grad values)`` from the forward's codes."""
     _check_choices(backward, backend)
     tau = hash_bits
-    grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau, backend)
     if backward == "lower_bound":
-        # grad q_i and grad k_j share the pair weights (g_i . v_j): one pass computes both.
-        grad_q, grad_k = ops.lsh_weighted_cumulation_both(
-            query_codes, mask, grad, queries, key_codes, mask, values, keys, tau, backend
+        # grad q_i and grad k_j share the pair weights (g_i . v_j), grad V the buckets: one op, one pass.
+        grad_q, grad_k, grad_v = ops.lsh_lower_bound_gradients(
+            query_codes, mask, queries, grad, key_codes, mask, keys, values, tau, backend
         )
-        grad_q, grad_k = (tau / 2) * grad_q, (tau / 2) * grad_k
     else:
+        grad_v = ops.lsh_cumulation(key_codes, mask, query_codes, mask, grad, tau, backend)
         grad_q = ops.lsh_collided_gradient(query_codes, mask, queries, grad, key_codes, mask, keys, values, tau, backend)
         grad_k = ops.lsh_collided_gradient(key_codes, mask, keys, values, query_codes, mask, queries, grad, tau, backend)
     return grad_q.to(queries.dtype), grad_k.to(keys.dtype), grad_v.to(values.dtype)

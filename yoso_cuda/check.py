@@ -29,7 +29,13 @@ from .tolerances import HASH_CODE_AGREEMENT, TOLERANCE, excess_error
 
 CASES = [(1, 1, 16, 8), (7, 7, 32, 3), (33, 20, 33, 5), (40, 40, 24, 1)]  # (queries, keys, head dim, tau)
 NUM_HASHES = 4
-RAW_OPS = ("lsh_cumulation", "lsh_weighted_cumulation", "lsh_weighted_cumulation_both", "lsh_collided_gradient")
+RAW_OPS = (
+    "lsh_cumulation",
+    "lsh_weighted_cumulation",
+    "lsh_weighted_cumulation_both",
+    "lsh_collided_gradient",
+    "lsh_lower_bound_gradients",
+)
 
 
 @dataclass
@@ -120,6 +126,7 @@ def raw_op_calls(c: dict, tau: int) -> dict[str, tuple]:
         "lsh_weighted_cumulation": (*q, c["query_weights"], *k, c["key_weights"], c["values"], tau),
         "lsh_weighted_cumulation_both": (*q, c["query_weights"], c["queries"], *k, c["key_weights"], c["values"], tau),
         "lsh_collided_gradient": (*q, c["queries"], c["query_weights"], *k, c["keys"], c["key_weights"], tau),
+        "lsh_lower_bound_gradients": (*q, c["queries"], c["grad"], *k, c["keys"], c["values"], tau),
     }
 
 
@@ -146,8 +153,8 @@ def check_device(device: str) -> list[Verdict]:
             for name, args in raw_op_calls(c, tau).items():
                 with failures_recorded(verdicts[name], where):
                     outputs, expected = getattr(torch.ops.yoso, name)(*args), getattr(reference, name)(*args)
-                    if isinstance(outputs, tuple):  # lsh_weighted_cumulation_both: the query side and the key side
-                        for side, out, want in zip(("queries", "keys"), outputs, expected):
+                    if isinstance(outputs, tuple):  # one output per side, and lsh_lower_bound_gradients' grad V
+                        for side, (out, want) in zip(("queries", "keys", "values"), zip(outputs, expected, strict=True)):
                             verdicts[name].compare(out, want, dtype, f"{where}, {side}' output")
                     else:
                         verdicts[name].compare(outputs, expected, dtype, where)

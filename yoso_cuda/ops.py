@@ -3,8 +3,8 @@
 ``torch.ops.yoso.*`` are the compiled ops (schemas in ``csrc/yoso.cpp``); their fake (meta)
 kernels, registered here, let them run under ``torch.compile``, and so do their gradients: the
 cumulations are linear in the values and bilinear in the weights, so each one's gradient is again
-a cumulation (exact, not an estimate). ``lsh_collided_gradient`` is itself a gradient estimate and
-its derivative is an error; ``hash_codes`` returns integers. The functions below take the same
+a cumulation (exact, not an estimate). ``lsh_collided_gradient`` and ``lsh_lower_bound_gradients``
+are themselves gradient estimates and their derivatives are errors; ``hash_codes`` returns integers. The functions below take the same
 arguments as :mod:`yoso_cuda.reference` plus ``backend``:
 
 * ``"auto"``: the compiled kernel of the tensors' device if it is built, else the reference;
@@ -121,6 +121,14 @@ def _register_fake_kernels() -> None:
     def _(query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits):
         return rows_out(query_codes, query_vectors.shape[-1], query_vectors)
 
+    @torch.library.register_fake("yoso::lsh_lower_bound_gradients")
+    def _(query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits):
+        return (
+            rows_out(query_codes, query_vectors.shape[-1], query_vectors),
+            rows_out(key_codes, key_vectors.shape[-1], key_vectors),
+            rows_out(key_codes, query_weights.shape[-1], query_weights),
+        )
+
 
 def _register_autograd() -> None:
     """Exact gradients of the raw cumulations, each a cumulation again (derivations inline)."""
@@ -179,17 +187,21 @@ def _register_autograd() -> None:
             None,
         )
 
-    def collided_gradient_backward(ctx, grad):
-        raise NotImplementedError(
-            "yoso::lsh_collided_gradient is *YOSO's gradient estimate; its own derivative (a double backward "
-            "through YOSO's exact estimator) is not implemented"
-        )
+    def estimate_backward(name: str, estimator: str):
+        def backward(ctx, *grads):
+            raise NotImplementedError(
+                f"yoso::{name} is {estimator}'s gradient estimate; its own derivative (a double backward "
+                f"through {estimator}'s estimator) is not implemented"
+            )
+
+        return backward
 
     for name, backward in (
         ("lsh_cumulation", cumulation_backward),
         ("lsh_weighted_cumulation", weighted_backward),
         ("lsh_weighted_cumulation_both", weighted_both_backward),
-        ("lsh_collided_gradient", collided_gradient_backward),
+        ("lsh_collided_gradient", estimate_backward("lsh_collided_gradient", "*YOSO")),
+        ("lsh_lower_bound_gradients", estimate_backward("lsh_lower_bound_gradients", "YOSO")),
     ):
         torch.library.register_autograd(f"yoso::{name}", backward, setup_context=save_codes)
 
@@ -250,6 +262,24 @@ def lsh_collided_gradient(
     if use_compiled(backend, query_vectors.device):
         return compiled_ops(query_vectors.device).lsh_collided_gradient(*args)
     return reference.lsh_collided_gradient(*args)
+
+
+def lsh_lower_bound_gradients(
+    query_codes,
+    query_mask,
+    query_vectors,
+    query_weights,
+    key_codes,
+    key_mask,
+    key_vectors,
+    key_weights,
+    hash_bits,
+    backend: Backend = "auto",
+):
+    args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)
+    if use_compiled(backend, query_vectors.device):  # one index, one table pass and one lookup pass serve all three
+        return compiled_ops(query_vectors.device).lsh_lower_bound_gradients(*args)
+    return reference.lsh_lower_bound_gradients(*args)
 
 
 def hash_queries_and_keys(

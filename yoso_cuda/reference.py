@@ -268,6 +268,28 @@ def lsh_weighted_cumulation_both(
     )
 
 
+def lsh_lower_bound_gradients(
+    query_codes: torch.Tensor,
+    query_mask: torch.Tensor,
+    query_vectors: torch.Tensor,
+    query_weights: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_mask: torch.Tensor,
+    key_vectors: torch.Tensor,
+    key_weights: torch.Tensor,
+    hash_bits: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """YOSO's lower-bound backward in one op: with query vectors q, query weights g (the output's
+    gradient), key vectors k and key weights v (the values), ``(tau/2) (1/m) sum_h sum_j [collide]
+    (g_i . v_j) k_j`` per query, ``(tau/2) (1/m) sum_h sum_i [collide] (g_i . v_j) q_i`` per key and
+    ``(1/m) sum_h sum_i [collide] g_i`` per key (grad Q, grad K, grad V)."""
+    grad_queries, grad_keys = lsh_weighted_cumulation_both(
+        query_codes, query_mask, query_weights, query_vectors, key_codes, key_mask, key_weights, key_vectors, hash_bits
+    )
+    grad_key_weights = lsh_cumulation(key_codes, key_mask, query_codes, query_mask, query_weights.float(), hash_bits)
+    return (hash_bits / 2) * grad_queries, (hash_bits / 2) * grad_keys, grad_key_weights
+
+
 def collision_probability_derivative(x: torch.Tensor, hash_bits: int) -> torch.Tensor:
     """d/dx (1 - arccos(x)/pi)^tau = tau p^(tau-1) / (pi sqrt(1 - x^2)), p = 1 - arccos(x)/pi."""
     p = 1 - torch.arccos(x) / math.pi

@@ -149,6 +149,8 @@ def op_arguments(op: str, x: dict, hash_bits: int) -> tuple:
             hash_bits,
         ),
         "lsh_collided_gradient": (qc, qm, x["queries"], x["query_weights"], kc, km, x["keys"], x["key_weights"], hash_bits),
+        # the output's gradient and the values: widths c, unlike the vectors' d
+        "lsh_lower_bound_gradients": (qc, qm, x["queries"], x["query_values"], kc, km, x["keys"], x["key_values"], hash_bits),
     }[op]
 
 
@@ -165,7 +167,13 @@ def run_every_schedule(emulated, op: str, args: tuple):
     return results[0]
 
 
-CUMULATIONS = ["lsh_cumulation", "lsh_weighted_cumulation", "lsh_weighted_cumulation_both", "lsh_collided_gradient"]
+CUMULATIONS = [
+    "lsh_cumulation",
+    "lsh_weighted_cumulation",
+    "lsh_weighted_cumulation_both",
+    "lsh_collided_gradient",
+    "lsh_lower_bound_gradients",
+]
 GRID = [(case, dtype) for case in CASES for dtype in case.dtypes]
 
 
@@ -200,6 +208,7 @@ COUNTING_LAUNCHES = {
     "lsh_weighted_cumulation": 3,  # index, heavy-bucket tables, lookup
     "lsh_weighted_cumulation_both": 3,  # the same, each for both directions at once
     "lsh_collided_gradient": 2,  # index, lookup
+    "lsh_lower_bound_gradients": 3,  # as lsh_weighted_cumulation_both, grad V's sums in the key direction's tables
 }
 
 

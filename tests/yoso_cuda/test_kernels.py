@@ -116,6 +116,18 @@ def test_lsh_collided_gradient_matches_the_reference(device, dtype, length, dim,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
+@pytest.mark.parametrize("length, dim, tau", GRID)
+def test_lsh_lower_bound_gradients_match_the_reference(device, dtype, length, dim, tau):
+    require(device)
+    c = case(length, dim, tau, dtype, device)
+    args = (c["query_codes"], c["mask"], c["queries"], c["weights"], c["key_codes"], c["mask"], c["keys"], c["values"], tau)
+    outputs = torch.ops.yoso.lsh_lower_bound_gradients(*args)
+    for out, expected in zip(outputs, reference.lsh_lower_bound_gradients(*args), strict=True):
+        assert_matches(out, expected, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("length, dim, tau", GRID)
 def test_hash_codes_match_the_reference(device, length, dim, tau):
     """The butterfly and the reference's Hadamard matmul sum in different orders, so a coordinate
@@ -221,7 +233,22 @@ def raw_op_calls(c, tau):
             c["values"],
             tau,
         ),
+        "lsh_lower_bound_gradients": (
+            c["query_codes"],
+            c["mask"],
+            c["queries"],
+            c["weights"],
+            c["key_codes"],
+            c["mask"],
+            c["keys"],
+            c["values"],
+            tau,
+        ),
     }
+
+
+# The ops that are gradient estimates themselves (YOSO's backward): no derivative of their own.
+ESTIMATORS = ["lsh_collided_gradient", "lsh_lower_bound_gradients"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -229,13 +256,14 @@ def test_opcheck_of_the_raw_ops(device):
     require(device)
     c = case(33, 16, 5, torch.float32, device)
     for name, args in raw_op_calls(differentiable(c), 5).items():
-        # A double backward through *YOSO's estimator is an error, so its gradient is not traced.
-        tests = ("test_autograd_registration",) if name == "lsh_collided_gradient" else OPCHECK_TESTS
+        # A double backward through YOSO's estimators is an error, so their gradients are not traced.
+        tests = ("test_autograd_registration",) if name in ESTIMATORS else OPCHECK_TESTS
         torch.library.opcheck(getattr(torch.ops.yoso, name), args, test_utils=tests)
-    plain = raw_op_calls(c, 5)["lsh_collided_gradient"]
-    torch.library.opcheck(
-        torch.ops.yoso.lsh_collided_gradient, plain, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
-    )
+    for name in ESTIMATORS:
+        plain = raw_op_calls(c, 5)[name]
+        torch.library.opcheck(
+            getattr(torch.ops.yoso, name), plain, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -257,12 +285,14 @@ def test_raw_op_gradients_equal_autograd_through_the_reference(device, name):
         torch.testing.assert_close(kernel_grad, reference_grad, rtol=1e-4, atol=1e-4)
 
 
-def test_the_collided_gradient_has_no_double_backward():
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_the_gradient_estimators_have_no_double_backward(name):
     require("cpu")
     c = differentiable(case(20, 16, 3, torch.float32, "cpu"))
-    out = torch.ops.yoso.lsh_collided_gradient(*raw_op_calls(c, 3)["lsh_collided_gradient"])
-    with pytest.raises(NotImplementedError, match="double backward"):
-        out.sum().backward()
+    out = getattr(torch.ops.yoso, name)(*raw_op_calls(c, 3)[name])
+    out = out if isinstance(out, tuple) else (out,)
+    with pytest.raises(NotImplementedError, match=f"yoso::{name} is .*double backward"):
+        sum(o.sum() for o in out).backward()
 
 
 def attention_args(device, dtype=torch.float32, length=33, tau=5):

@@ -58,6 +58,20 @@ inline void check_codes_and_masks(const at::Tensor& query_codes, const at::Tenso
   check_mask(key_mask, key_codes, "key_mask");
 }
 
+// The arguments of the ops that take vectors and weights of both sides (lsh_collided_gradient,
+// lsh_lower_bound_gradients): codes and masks, (B, n, d) vectors and (B, n, w) weights of each side.
+inline void check_pair_args(const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_vectors,
+                            const at::Tensor& query_weights, const at::Tensor& key_codes, const at::Tensor& key_mask,
+                            const at::Tensor& key_vectors, const at::Tensor& key_weights, int64_t hash_bits) {
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
+  check_rows(query_vectors, query_codes, "query_vectors");
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(key_vectors, key_codes, "key_vectors");
+  check_rows(key_weights, key_codes, "key_weights");
+  check_same_width(query_vectors, key_vectors, "query_vectors", "key_vectors");
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
+}
+
 // The message of a code outside [0, 2^hash_bits), which every backend rejects.
 inline std::string codes_out_of_range(const char* name, int64_t hash_bits) {
   return std::string(name) + " holds hash codes outside [0, 2^" + std::to_string(hash_bits) +

@@ -809,13 +809,8 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
                                      const at::Tensor& query_vectors, const at::Tensor& query_weights,
                                      const at::Tensor& key_codes, const at::Tensor& key_mask,
                                      const at::Tensor& key_vectors, const at::Tensor& key_weights, int64_t hash_bits) {
-  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
-  check_rows(query_vectors, query_codes, "query_vectors");
-  check_rows(query_weights, query_codes, "query_weights");
-  check_rows(key_vectors, key_codes, "key_vectors");
-  check_rows(key_weights, key_codes, "key_weights");
-  check_same_width(query_vectors, key_vectors, "query_vectors", "key_vectors");
-  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
+  check_pair_args(query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights,
+                  hash_bits);
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), dim = query_vectors.size(2), width = query_weights.size(2);
   const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
@@ -837,6 +832,25 @@ at::Tensor lsh_collided_gradient_cpu(const at::Tensor& query_codes, const at::Te
   return out;
 }
 
+// YOSO's lower-bound backward (yoso_cuda/attention.py) in one op, with query vectors q, query weights
+// g (the output's gradient), key vectors k and key weights v (the values):
+//   grad q_i = (tau/2) (1/m) sum_h sum_j [collide] (g_i . v_j) k_j,
+//   grad k_j = (tau/2) (1/m) sum_h sum_i [collide] (g_i . v_j) q_i,
+//   grad v_j = (1/m) sum_h sum_i [collide] g_i.
+// On the CPU it composes the ops above; the CUDA kernel shares their index, tables and lookups.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lsh_lower_bound_gradients_cpu(
+    const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_vectors,
+    const at::Tensor& query_weights, const at::Tensor& key_codes, const at::Tensor& key_mask,
+    const at::Tensor& key_vectors, const at::Tensor& key_weights, int64_t hash_bits) {
+  check_pair_args(query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights,
+                  hash_bits);
+  auto [grad_queries, grad_keys] = lsh_weighted_cumulation_both_cpu(
+      query_codes, query_mask, query_weights, query_vectors, key_codes, key_mask, key_weights, key_vectors, hash_bits);
+  at::Tensor grad_key_weights = lsh_cumulation_cpu(key_codes, key_mask, query_codes, query_mask, query_weights, hash_bits);
+  const double half_tau = static_cast<double>(hash_bits) / 2.0;
+  return {grad_queries.mul_(half_tau), grad_keys.mul_(half_tau), grad_key_weights};
+}
+
 TORCH_LIBRARY(yoso, m) {
   m.def("hash_codes(Tensor vectors, Tensor signs, int num_hashes, int hash_bits) -> Tensor");
   m.def(
@@ -851,6 +865,10 @@ TORCH_LIBRARY(yoso, m) {
   m.def(
       "lsh_collided_gradient(Tensor query_codes, Tensor query_mask, Tensor query_vectors, Tensor query_weights, "
       "Tensor key_codes, Tensor key_mask, Tensor key_vectors, Tensor key_weights, int hash_bits) -> Tensor");
+  m.def(
+      "lsh_lower_bound_gradients(Tensor query_codes, Tensor query_mask, Tensor query_vectors, Tensor query_weights, "
+      "Tensor key_codes, Tensor key_mask, Tensor key_vectors, Tensor key_weights, int hash_bits) -> "
+      "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(yoso, CPU, m) {
@@ -859,6 +877,7 @@ TORCH_LIBRARY_IMPL(yoso, CPU, m) {
   m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cpu);
   m.impl("lsh_weighted_cumulation_both", &lsh_weighted_cumulation_both_cpu);
   m.impl("lsh_collided_gradient", &lsh_collided_gradient_cpu);
+  m.impl("lsh_lower_bound_gradients", &lsh_lower_bound_gradients_cpu);
 }
 
 }  // namespace yoso

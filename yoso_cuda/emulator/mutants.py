@@ -130,6 +130,12 @@ MUTANTS = [
         "  const int64_t item = static_cast<int64_t>(blockIdx.x) - (second ? slots0 : 0);\n",
         "  const int64_t item = static_cast<int64_t>(blockIdx.x);\n",
     ),
+    Mutant(
+        "plain_sums_weighted",
+        "heavy_bucket_tables_kernel's column of ones (grad V's bucket sums in lsh_lower_bound_gradients) holds zeros",
+        "            const float value = c[k] < channels ? static_cast<float>(batch_values[j * channels + c[k]]) : 1.0f;\n",
+        "            const float value = c[k] < channels ? static_cast<float>(batch_values[j * channels + c[k]]) : 0.0f;\n",
+    ),
 ]
 
 

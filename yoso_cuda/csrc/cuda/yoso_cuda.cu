@@ -26,8 +26,9 @@
 // (pieces of at most kPiece sorted keys on the radix path); lsh_weighted_cumulation enumerates
 // colliding pairs in light buckets and contracts the query weights with a per-bucket sum of
 // kw (x) v outer products in heavy ones; lsh_weighted_cumulation_both runs that for both directions
-// in the same launches; lsh_collided_gradient enumerates pairs, keeping a pair only in the first hash
-// where it collides.
+// in the same launches, and lsh_lower_bound_gradients (YOSO's whole lower-bound backward) adds grad V
+// to the key direction's lookups; lsh_collided_gradient enumerates pairs, keeping a pair only in the
+// first hash where it collides.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -761,8 +762,10 @@ struct RadixBuckets {
   }
 };
 
-// One direction of a weighted cumulation: out[b, i] = (1/m) sum_h sum_{j in i's bucket} (lw_i . w_j) v_j
-// for the lookup rows i, over the indexed rows j. lsh_weighted_cumulation_both runs two at once.
+// One direction of a weighted cumulation: out[b, i] = scale (1/m) sum_h sum_{j in i's bucket}
+// (lw_i . w_j) v_j for the lookup rows i, over the indexed rows j, and where plain_out is given, also
+// plain_out[b, i] = (1/m) sum_h sum_{j in i's bucket} w_j (lsh_lower_bound_gradients' grad V beside
+// its grad K). lsh_weighted_cumulation_both and lsh_lower_bound_gradients run two directions at once.
 template <typename scalar_t, typename Buckets>
 struct WeightedPass {
   Buckets buckets;                  // the indexed rows j
@@ -771,9 +774,11 @@ struct WeightedPass {
   const scalar_t* lookup_weights;   // (B, nl, w)
   const scalar_t* weights;          // (B, nj, w)
   const scalar_t* values;           // (B, nj, c)
-  float* tables;                    // per heavy-bucket slot: sum over its rows of w_j (x) v_j, (w, c)
+  float* tables;                    // per heavy-bucket slot: sum over its rows of w_j (x) [v_j, 1 if plain_out], (w, table_columns)
   float* out;                       // (B, nl, c)
-  int64_t num_lookups, channels, heavy, slots;
+  float* plain_out;                 // (B, nl, w), or nullptr
+  int64_t num_lookups, channels, table_columns, heavy, slots;
+  float scale;
   bool lookup_queries;              // names the lookup codes in the range assertion
 };
 
@@ -787,7 +792,8 @@ __device__ __forceinline__ const WeightedPass<scalar_t, Buckets>& pick(const Wei
 
 // One block per (slot of pass0, then of pass1; group of kTableOutputs entries): warp 0 finds the
 // slot's heavy bucket (blocks of slots without one return), then table[a][c] = sum over the bucket's
-// rows j, in sorted order, of w[b, j, a] * v[b, j, c].
+// rows j, in sorted order, of w[b, j, a] * v[b, j, c], and with a plain output table[a][channels] =
+// sum of w[b, j, a].
 template <typename scalar_t, typename Buckets>
 __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPass<scalar_t, Buckets> pass0,
                                                                      WeightedPass<scalar_t, Buckets> pass1,
@@ -816,10 +822,10 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPas
   }
   const int* rows = pass.buckets.segment_rows(segment);
   const int64_t b = pass.buckets.batch_of(segment);
-  const int64_t channels = pass.channels;
+  const int64_t channels = pass.channels, columns = pass.table_columns;
   const scalar_t* batch_weights = pass.weights + b * pass.buckets.num_rows * width;
   const scalar_t* batch_values = pass.values + b * pass.buckets.num_rows * channels;
-  const int64_t entries = width * channels;
+  const int64_t entries = width * columns;
   float* table = pass.tables + item * entries;
   const int64_t groups = (entries + kTableOutputs - 1) / kTableOutputs;
   for (int64_t group = blockIdx.y; group < groups; group += gridDim.y) {  // block-uniform
@@ -830,8 +836,8 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPas
     for (int k = 0; k < 4; ++k) {
       const int64_t entry = group * kTableOutputs + k * kBlock + threadIdx.x;
       ok[k] = entry < entries;
-      a[k] = ok[k] ? entry / channels : 0;
-      c[k] = ok[k] ? entry - a[k] * channels : 0;
+      a[k] = ok[k] ? entry / columns : 0;
+      c[k] = ok[k] ? entry - a[k] * columns : 0;
       acc[k] = 0.0f;
     }
     for (int64_t pos0 = start; pos0 < end; pos0 += kBlock) {  // block-uniform
@@ -846,7 +852,8 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPas
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           if (ok[k]) {
-            acc[k] += static_cast<float>(batch_weights[j * width + a[k]]) * static_cast<float>(batch_values[j * channels + c[k]]);
+            const float value = c[k] < channels ? static_cast<float>(batch_values[j * channels + c[k]]) : 1.0f;
+            acc[k] += static_cast<float>(batch_weights[j * width + a[k]]) * value;
           }
         }
       }
@@ -854,17 +861,18 @@ __global__ void __launch_bounds__(kBlock) heavy_bucket_tables_kernel(WeightedPas
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if (ok[k]) {
-        table[a[k] * channels + c[k]] = acc[k];
+        table[a[k] * columns + c[k]] = acc[k];
       }
     }
   }
 }
 
-// One warp per lookup row (b, i) of pass0, then of pass1, owning out[b, i]. For each 128-column
-// tile: acc = 0 on the first chunk of hashes (else the out row: the sums of earlier chunks), then for
-// each hash of the view in order, a heavy bucket contributes sum_a lw[a] * table[a][:], a light one
-// sum over its rows j in sorted order of (lw . w_j) v_j; the last chunk divides by the number of
-// hashes. A padded lookup row gets zeros.
+// One warp per lookup row (b, i) of pass0, then of pass1, owning out[b, i] (and plain_out[b, i]).
+// For each 128-column tile: acc = 0 on the first chunk of hashes (else the out row: the sums of
+// earlier chunks), then for each hash of the view in order, a heavy bucket contributes sum_a lw[a] *
+// table[a][:], a light one sum over its rows j in sorted order of (lw . w_j) v_j; the last chunk
+// multiplies by scale / m. The plain output's tiles follow: each hash adds a heavy bucket's
+// table[:][channels], or a light one's rows' w_j. A padded lookup row gets zeros.
 template <typename scalar_t, typename Buckets>
 __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass<scalar_t, Buckets> pass0,
                                                                     WeightedPass<scalar_t, Buckets> pass1,
@@ -883,9 +891,13 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
   const int* row_codes = pass.lookup_codes + row * num_hashes;
   assert_codes_in_range(row_codes, buckets.h0, buckets.hc, buckets.hash_bits, pass.lookup_queries, lane);
   float* out_row = pass.out + row * channels;
+  float* plain_row = pass.plain_out == nullptr ? nullptr : pass.plain_out + row * width;
   if (!pass.lookup_mask[row]) {  // warp-uniform
     for (int64_t column = lane; first && column < channels; column += kWarp) {
       out_row[column] = 0.0f;
+    }
+    for (int64_t a = lane; first && plain_row != nullptr && a < width; a += kWarp) {
+      plain_row[a] = 0.0f;
     }
     return;
   }
@@ -899,7 +911,8 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
     const int64_t a = lane + k * kWarp;
     lw_lane[k] = a < width ? static_cast<float>(lw[a]) : 0.0f;
   }
-  const int64_t entries = width * channels;
+  const int64_t columns = pass.table_columns;
+  const int64_t entries = width * columns;
 
   for (int64_t tile = 0; tile < channels; tile += kTileColumns) {
     float acc[kLaneColumns];
@@ -926,7 +939,7 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
           for (int k = 0; k < kLaneColumns; ++k) {
             const int64_t column = tile + lane + k * kWarp;
             if (column < channels) {
-              contribution[k] += weight * table[a * channels + column];
+              contribution[k] += weight * table[a * columns + column];
             }
           }
         }
@@ -970,7 +983,62 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
     for (int k = 0; k < kLaneColumns; ++k) {
       const int64_t column = tile + lane + k * kWarp;
       if (column < channels) {
-        out_row[column] = last ? acc[k] / static_cast<float>(num_hashes) : acc[k];
+        out_row[column] = last ? acc[k] / static_cast<float>(num_hashes) * pass.scale : acc[k];
+      }
+    }
+  }
+
+  for (int64_t tile = 0; plain_row != nullptr && tile < width; tile += kTileColumns) {  // warp-uniform
+    float acc[kLaneColumns];
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t a = tile + lane + k * kWarp;
+      acc[k] = !first && a < width ? plain_row[a] : 0.0f;
+    }
+    for (int hl = 0; hl < buckets.hc; ++hl) {
+      int64_t segment, lo, hi;
+      if (!buckets.find(b, hl, row_codes[buckets.h0 + hl], segment, lo, hi)) {
+        continue;
+      }
+      float sum[kLaneColumns];
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        sum[k] = 0.0f;
+      }
+      if (hi - lo > pass.heavy) {
+        const float* table = pass.tables + (segment * pass.slots + lo / (pass.heavy + 1)) * entries;
+#pragma unroll
+        for (int k = 0; k < kLaneColumns; ++k) {
+          const int64_t a = tile + lane + k * kWarp;
+          sum[k] = a < width ? table[a * columns + channels] : 0.0f;
+        }
+      } else {
+        const int* rows = buckets.segment_rows(segment);
+        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
+          const int count = static_cast<int>(min64(kWarp, hi - pos0));
+          const int lane_j = lane < count ? rows[pos0 + lane] : 0;
+          for (int t = 0; t < count; ++t) {
+            const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+#pragma unroll
+            for (int k = 0; k < kLaneColumns; ++k) {
+              const int64_t a = tile + lane + k * kWarp;
+              if (a < width) {
+                sum[k] += static_cast<float>(batch_weights[j * width + a]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        acc[k] += sum[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneColumns; ++k) {
+      const int64_t a = tile + lane + k * kWarp;
+      if (a < width) {
+        plain_row[a] = last ? acc[k] / static_cast<float>(num_hashes) : acc[k];
       }
     }
   }
@@ -1176,6 +1244,8 @@ struct WeightedDirection {
   const at::Tensor* values;        // the indexed rows'
   at::Tensor* out;
   bool lookup_queries;
+  at::Tensor* plain_out = nullptr;  // (B, nl, w): the sums of the indexed rows' weights, if wanted
+  float scale = 1.0f;               // of out
 };
 
 // One or two directions of a weighted cumulation over `views` of their indexed sides (every hash,
@@ -1193,12 +1263,15 @@ void run_weighted(const WeightedDirection* directions, const Buckets* views, int
     const WeightedDirection& direction = directions[d];
     const int64_t batch = direction.lookup->codes.size(0), num_lookups = direction.lookup->codes.size(1);
     const int64_t num_rows = direction.values->size(1), channels = direction.values->size(2);
-    const int64_t heavy = heavy_threshold(width, channels);
-    const int64_t slots = direction.out->numel() > 0 ? num_rows / (heavy + 1) : 0;
+    const bool plain = direction.plain_out != nullptr;
+    const int64_t columns = channels + (plain ? 1 : 0);
+    const bool any_output = direction.out->numel() > 0 || (plain && direction.plain_out->numel() > 0);
+    const int64_t heavy = heavy_threshold(width, columns);
+    const int64_t slots = any_output ? num_rows / (heavy + 1) : 0;
     slot_items[d] = batch * views[d].hc * slots;
-    lookups[d] = direction.out->numel() > 0 ? batch * num_lookups : 0;
-    entries_max = std::max(entries_max, width * channels);
-    tables[d] = at::empty({slot_items[d] * width * channels}, direction.out->options());
+    lookups[d] = any_output ? batch * num_lookups : 0;
+    entries_max = std::max(entries_max, width * columns);
+    tables[d] = at::empty({slot_items[d] * width * columns}, direction.out->options());
     passes[d] = WeightedPass<scalar_t, Buckets>{views[d],
                                                 direction.lookup->codes.data_ptr<int>(),
                                                 direction.lookup->mask.data_ptr<bool>(),
@@ -1207,10 +1280,13 @@ void run_weighted(const WeightedDirection* directions, const Buckets* views, int
                                                 direction.values->data_ptr<scalar_t>(),
                                                 tables[d].data_ptr<float>(),
                                                 direction.out->data_ptr<float>(),
+                                                plain ? direction.plain_out->data_ptr<float>() : nullptr,
                                                 num_lookups,
                                                 channels,
+                                                columns,
                                                 heavy,
                                                 slots,
+                                                direction.scale,
                                                 direction.lookup_queries};
   }
   if (count == 1) {
@@ -1524,6 +1600,75 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
   return {query_out, key_out};
 }
 
+// YOSO's lower-bound backward in one pass (see lsh_lower_bound_gradients in ../yoso.cpp): the
+// queries and the keys indexed in one launch, the heavy buckets' tables of both directions in one
+// (the key direction's with a column of ones, whose entries are grad V's bucket sums), both
+// directions' lookups in one, the keys' rows writing grad K and grad V together.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lsh_lower_bound_gradients_cuda(
+    const at::Tensor& query_codes_in, const at::Tensor& query_mask_in, const at::Tensor& query_vectors_in,
+    const at::Tensor& query_weights_in, const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
+    const at::Tensor& key_vectors_in, const at::Tensor& key_weights_in, int64_t hash_bits) {
+  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
+                {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}});
+  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in, key_mask_in,
+                  key_vectors_in, key_weights_in, hash_bits);
+  check_row_count(query_codes_in, "query_codes");
+  check_row_count(key_codes_in, "key_codes");
+  const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
+  const int64_t num_hashes = query_codes_in.size(2), dim = query_vectors_in.size(2), width = query_weights_in.size(2);
+  const int tau = static_cast<int>(hash_bits);
+
+  const c10::cuda::OptionalCUDAGuard guard(query_codes_in.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Side sides[2] = {{key_codes_in.contiguous(), key_mask_in.contiguous(), false},
+                         {query_codes_in.contiguous(), query_mask_in.contiguous(), true}};
+  const Side& keys = sides[0];
+  const Side& queries = sides[1];
+  const auto options = query_vectors_in.options().dtype(at::kFloat);
+  auto grad_queries = at::empty({batch, num_queries, dim}, options);
+  auto grad_keys = at::empty({batch, num_keys, dim}, options);
+  auto grad_key_weights = at::empty({batch, num_keys, width}, options);
+  if (grad_queries.numel() == 0 && grad_keys.numel() == 0 && grad_key_weights.numel() == 0) {
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);  // nothing to look up, but bad codes still fail
+    return {grad_queries, grad_keys, grad_key_weights};
+  }
+  const auto type = at::promote_types(
+      at::promote_types(query_vectors_in.scalar_type(), query_weights_in.scalar_type()),
+      at::promote_types(key_vectors_in.scalar_type(), key_weights_in.scalar_type()));
+  const at::Tensor query_vectors = query_vectors_in.to(type).contiguous();
+  const at::Tensor query_weights = query_weights_in.to(type).contiguous();
+  const at::Tensor key_vectors = key_vectors_in.to(type).contiguous();
+  const at::Tensor key_weights = key_weights_in.to(type).contiguous();
+  const float half_tau = static_cast<float>(tau) / 2.0f;
+  // Direction 0 looks the queries up among the keys, direction 1 the keys among the queries.
+  const WeightedDirection directions[2] = {
+      {&queries, &query_weights, &key_weights, &key_vectors, &grad_queries, true, nullptr, half_tau},
+      {&keys, &key_weights, &query_weights, &query_vectors, &grad_keys, false, &grad_key_weights, half_tau}};
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_lower_bound_gradients_cuda", [&] {
+    if (use_counting_sort(tau, std::max(num_queries, num_keys))) {
+      BucketIndex index[2];
+      index_buckets(sides, 2, tau, index, stream);
+      const CountingBuckets views[2] = {counting_view(keys, index[0], tau), counting_view(queries, index[1], tau)};
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, true, true, stream);
+      return;
+    }
+    check_codes_in_range(queries.codes, keys.codes, tau, stream);
+    const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, dim) +
+                                   weighted_bytes_per_hash(batch, num_queries, width, dim + 1);
+    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
+    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+      const int64_t hc = std::min(hc_max, num_hashes - h0);
+      const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
+      const RadixBuckets views[2] = {radix_view(sorted, 0, num_keys, h0, hc, tau),
+                                     radix_view(sorted, 1, num_queries, h0, hc, tau)};
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
+    }
+  });
+  return {grad_queries, grad_keys, grad_key_weights};
+}
+
 at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
                                       const at::Tensor& query_vectors_in, const at::Tensor& query_weights_in,
                                       const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
@@ -1532,13 +1677,8 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
   check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
                 {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
                 {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}});
-  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
-  check_rows(query_vectors_in, query_codes_in, "query_vectors");
-  check_rows(query_weights_in, query_codes_in, "query_weights");
-  check_rows(key_vectors_in, key_codes_in, "key_vectors");
-  check_rows(key_weights_in, key_codes_in, "key_weights");
-  check_same_width(query_vectors_in, key_vectors_in, "query_vectors", "key_vectors");
-  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
+  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in, key_mask_in,
+                  key_vectors_in, key_weights_in, hash_bits);
   check_row_count(query_codes_in, "query_codes");
   check_row_count(key_codes_in, "key_codes");
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
@@ -1596,6 +1736,7 @@ TORCH_LIBRARY_IMPL(yoso, CUDA, m) {
   m.impl("lsh_weighted_cumulation", &lsh_weighted_cumulation_cuda);
   m.impl("lsh_weighted_cumulation_both", &lsh_weighted_cumulation_both_cuda);
   m.impl("lsh_collided_gradient", &lsh_collided_gradient_cuda);
+  m.impl("lsh_lower_bound_gradients", &lsh_lower_bound_gradients_cuda);
 }
 
 }  // namespace yoso
