@@ -82,7 +82,7 @@ MUTANTS = [
         "linear_transformer_sums_padded_keys",
         "attention_zoo/linear_transformer.py",
         "the linear transformer's padded keys add to both sums",
-        "            phi_k = phi_k.masked_fill(~mask[:, None, :, None], 0.0)  # padded keys drop out of both sums",
+        "            phi_k.masked_fill_(key_padded, 0.0)  # padded keys drop out of both sums",
         "            pass",
         ("tests/attention_zoo/test_linear_transformer.py", *ZOO),
     ),
