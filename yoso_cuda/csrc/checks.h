@@ -58,6 +58,20 @@ inline void check_codes_and_masks(const at::Tensor& query_codes, const at::Tenso
   check_mask(key_mask, key_codes, "key_mask");
 }
 
+// The arguments of lsh_weighted_cumulation_both: codes and masks, (B, n, w) weights and (B, n, c)
+// values of each side.
+inline void check_weighted_both_args(const at::Tensor& query_codes, const at::Tensor& query_mask,
+                                     const at::Tensor& query_weights, const at::Tensor& query_values,
+                                     const at::Tensor& key_codes, const at::Tensor& key_mask, const at::Tensor& key_weights,
+                                     const at::Tensor& key_values, int64_t hash_bits) {
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(query_values, query_codes, "query_values");
+  check_rows(key_weights, key_codes, "key_weights");
+  check_rows(key_values, key_codes, "key_values");
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
+}
+
 // The arguments of the ops that take vectors and weights of both sides (lsh_collided_gradient,
 // lsh_lower_bound_gradients): codes and masks, (B, n, d) vectors and (B, n, w) weights of each side.
 inline void check_pair_args(const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_vectors,

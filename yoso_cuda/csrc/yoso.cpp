@@ -776,12 +776,8 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cpu(
     const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& query_weights,
     const at::Tensor& query_values, const at::Tensor& key_codes, const at::Tensor& key_mask,
     const at::Tensor& key_weights, const at::Tensor& key_values, int64_t hash_bits) {
-  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
-  check_rows(query_weights, query_codes, "query_weights");
-  check_rows(query_values, query_codes, "query_values");
-  check_rows(key_weights, key_codes, "key_weights");
-  check_rows(key_values, key_codes, "key_values");
-  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
+  check_weighted_both_args(query_codes, query_mask, query_weights, query_values, key_codes, key_mask,
+                           key_weights, key_values, hash_bits);
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2);
   const int64_t query_channels = query_values.size(2), key_channels = key_values.size(2);

@@ -645,6 +645,32 @@ __device__ __forceinline__ void assert_codes_in_range(const int* row_codes, int 
   }
 }
 
+// sum[k] = the sum over the rows j = rows[lo], ..., rows[hi - 1], in that order, of matrix[j][tile + lane
+// + 32 k] (rows of `width` columns; columns past the width stay 0).
+template <typename scalar_t>
+__device__ __forceinline__ void sum_bucket_rows(const int* __restrict__ rows, int64_t lo, int64_t hi,
+                                                const scalar_t* __restrict__ matrix, int64_t width, int64_t tile, int lane,
+                                                float (&sum)[kLaneColumns]) {
+#pragma unroll
+  for (int k = 0; k < kLaneColumns; ++k) {
+    sum[k] = 0.0f;
+  }
+  for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
+    const int count = static_cast<int>(min64(kWarp, hi - pos0));
+    const int lane_j = lane < count ? rows[pos0 + lane] : 0;
+    for (int t = 0; t < count; ++t) {
+      const int64_t j = __shfl_sync(kFullMask, lane_j, t);
+#pragma unroll
+      for (int k = 0; k < kLaneColumns; ++k) {
+        const int64_t column = tile + lane + k * kWarp;
+        if (column < width) {
+          sum[k] += static_cast<float>(matrix[j * width + column]);
+        }
+      }
+    }
+  }
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
     CountingBuckets keys, const int* __restrict__ query_codes, const bool* __restrict__ query_mask,
@@ -679,22 +705,7 @@ __global__ void __launch_bounds__(kBlock) bucket_lookup_kernel(
           sum[k] = column < channels ? bucket_sum[column] : 0.0f;
         }
       } else {
-#pragma unroll
-        for (int k = 0; k < kLaneColumns; ++k) {
-          sum[k] = 0.0f;
-        }
-        const int count = static_cast<int>(hi - lo);  // <= kHeavyMin = one warp's worth
-        const int lane_j = lane < count ? keys.segment_rows(segment)[lo + lane] : 0;
-        for (int t = 0; t < count; ++t) {
-          const int64_t j = __shfl_sync(kFullMask, lane_j, t);
-#pragma unroll
-          for (int k = 0; k < kLaneColumns; ++k) {
-            const int64_t column = tile + lane + k * kWarp;
-            if (column < channels) {
-              sum[k] += static_cast<float>(batch_values[j * channels + column]);
-            }
-          }
-        }
+        sum_bucket_rows(keys.segment_rows(segment), lo, hi, batch_values, channels, tile, lane, sum);
       }
 #pragma unroll
       for (int k = 0; k < kLaneColumns; ++k) {
@@ -1001,10 +1012,6 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
         continue;
       }
       float sum[kLaneColumns];
-#pragma unroll
-      for (int k = 0; k < kLaneColumns; ++k) {
-        sum[k] = 0.0f;
-      }
       if (hi - lo > pass.heavy) {
         const float* table = pass.tables + (segment * pass.slots + lo / (pass.heavy + 1)) * entries;
 #pragma unroll
@@ -1013,21 +1020,7 @@ __global__ void __launch_bounds__(kBlock, 3) weighted_lookup_kernel(WeightedPass
           sum[k] = a < width ? table[a * columns + channels] : 0.0f;
         }
       } else {
-        const int* rows = buckets.segment_rows(segment);
-        for (int64_t pos0 = lo; pos0 < hi; pos0 += kWarp) {
-          const int count = static_cast<int>(min64(kWarp, hi - pos0));
-          const int lane_j = lane < count ? rows[pos0 + lane] : 0;
-          for (int t = 0; t < count; ++t) {
-            const int64_t j = __shfl_sync(kFullMask, lane_j, t);
-#pragma unroll
-            for (int k = 0; k < kLaneColumns; ++k) {
-              const int64_t a = tile + lane + k * kWarp;
-              if (a < width) {
-                sum[k] += static_cast<float>(batch_weights[j * width + a]);
-              }
-            }
-          }
-        }
+        sum_bucket_rows(buckets.segment_rows(segment), lo, hi, batch_weights, width, tile, lane, sum);
       }
 #pragma unroll
       for (int k = 0; k < kLaneColumns; ++k) {
@@ -1542,12 +1535,8 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
   check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
                 {&query_values_in, "query_values"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
                 {&key_weights_in, "key_weights"}, {&key_values_in, "key_values"}});
-  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
-  check_rows(query_weights_in, query_codes_in, "query_weights");
-  check_rows(query_values_in, query_codes_in, "query_values");
-  check_rows(key_weights_in, key_codes_in, "key_weights");
-  check_rows(key_values_in, key_codes_in, "key_values");
-  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
+  check_weighted_both_args(query_codes_in, query_mask_in, query_weights_in, query_values_in, key_codes_in, key_mask_in,
+                           key_weights_in, key_values_in, hash_bits);
   check_row_count(query_codes_in, "query_codes");
   check_row_count(key_codes_in, "key_codes");
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
