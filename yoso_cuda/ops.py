@@ -4,8 +4,9 @@
 kernels, registered here, let them run under ``torch.compile``, and so do their gradients: the
 cumulations are linear in the values and bilinear in the weights, so each one's gradient is again
 a cumulation (exact, not an estimate). ``lsh_collided_gradient`` and ``lsh_lower_bound_gradients``
-are themselves gradient estimates and their derivatives are errors; ``hash_codes`` returns integers. The functions below take the same
-arguments as :mod:`yoso_cuda.reference` plus ``backend``:
+are themselves gradient estimates and their derivatives are errors; ``hash_codes`` returns
+integers. The functions below take the same arguments as :mod:`yoso_cuda.reference` plus
+``backend``:
 
 * ``"auto"``: the compiled kernel of the tensors' device if it is built, else the reference;
 * ``"compiled"``: the compiled kernel, and an error saying why if it is not built;
