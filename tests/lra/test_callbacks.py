@@ -1,9 +1,10 @@
 """``lra.callbacks``: TrainingSpeed counts training batches only, loading between them included, evaluations
 excluded; StepProgressBar is one bar over the run's steps that a resume continues."""
 
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import pytorch_lightning as pl
@@ -244,27 +245,40 @@ def test_a_second_interruption_stops_at_once(tmp_path):
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] < 7
 
 
-def wait_for_a_signal(ready) -> None:
+# Runs in a fresh interpreter: forked from a pytest-xdist worker with torch's threads running, a pool
+# worker once never took its SIGTERM (blocked in a lock, the handler still installed) and the pool's
+# terminate() waited on it forever, hanging CI; here a hang is a failure after POOL_TEST_TIMEOUT_S.
+FORKED_POOL_SCRIPT = """
+import multiprocessing, os, signal, sys
+from lra import callbacks
+
+def wait_for_a_signal(ready):
     ready.set()
     signal.pause()
 
+fork = multiprocessing.get_context("fork")
+stopper = callbacks.CheckpointOnInterrupt(sys.argv[1])
+with stopper.stop_between_steps():
+    with fork.Pool(2) as pool:
+        assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+    ready = fork.Event()
+    worker = fork.Process(target=wait_for_a_signal, args=(ready,), daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(timeout=60)  # a signal before the child's interpreter runs would be lost
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=60)
+    finally:
+        worker.kill()
+assert worker.exitcode == -signal.SIGTERM, f"ended by the signal, as with the default handler: {worker.exitcode}"
+"""
+POOL_TEST_TIMEOUT_S = 180
 
-def test_a_pool_forked_during_fit_ends_quietly_and_its_workers_take_the_signal_as_without_the_handler(tmp_path, capfd):
+
+def test_a_pool_forked_during_fit_ends_quietly_and_its_workers_take_the_signal_as_without_the_handler(tmp_path):
     """A data generator's multiprocessing pool runs inside fit (the datamodule generates on first use); its
     workers inherit the stopping handler, and the pool's terminate() sends them SIGTERM."""
-    fork = multiprocessing.get_context("fork")
-    stopper = callbacks.CheckpointOnInterrupt(str(tmp_path))
-    with stopper.stop_between_steps():
-        with fork.Pool(2) as pool:
-            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
-        ready = fork.Event()
-        worker = fork.Process(target=wait_for_a_signal, args=(ready,), daemon=True)
-        worker.start()
-        try:
-            assert ready.wait(timeout=60)  # a signal before the child's interpreter runs would be lost
-            os.kill(worker.pid, signal.SIGTERM)
-            worker.join(timeout=60)
-        finally:
-            worker.kill()
-    assert worker.exitcode == -signal.SIGTERM, "ended by the signal, as with the default handler"
-    assert "KeyboardInterrupt" not in capfd.readouterr().err
+    command = [sys.executable, "-c", FORKED_POOL_SCRIPT, str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=POOL_TEST_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "KeyboardInterrupt" not in result.stderr
