@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -17,6 +16,7 @@ import torch
 from pytorch_lightning.callbacks import Callback, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
+from . import signals
 from .module import metrics_row_due
 
 
@@ -120,8 +120,6 @@ class CheckpointOnInterrupt(Callback):
         self.stop_requested: str | None = None  # the signal that asked to stop, until training stops
         self._training = False  # between on_train_start and the end of training
         self._handling = False  # within stop_between_steps, in the main thread
-        self._pid = os.getpid()  # the process whose training the handler stops
-        self._previous: dict[int, Any] = {}  # the handlers stop_between_steps replaced, by signal
 
     @contextmanager
     def stop_between_steps(self) -> Iterator[None]:
@@ -130,26 +128,16 @@ class CheckpointOnInterrupt(Callback):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        self._pid = os.getpid()
-        self._previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+        previous = signals.take(self._on_signal)  # processes forked during fit keep the handlers of before
         self._handling = True
         try:
             yield
         finally:
-            for number, handler in self._previous.items():
-                signal.signal(number, handler)
+            signals.give_back(self._on_signal, previous)
             self._handling = False
             self.stop_requested = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if os.getpid() != self._pid:
-            # A process forked during fit (a data generator's pool, a loader worker) inherits this
-            # handler: the pool's terminate() made each worker print a KeyboardInterrupt traceback.
-            # Such a process takes the signal as it would have without this handler.
-            previous = self._previous.get(signum)
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-            os.kill(os.getpid(), signum)
-            return
         name = signal.Signals(signum).name
         if self.stop_requested or not self._training:
             raise KeyboardInterrupt(f"signal {name}")

@@ -58,7 +58,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import config, run_lock
+from . import config, run_lock, signals
 
 log = logging.getLogger("lra.campaign")
 
@@ -497,8 +497,7 @@ class Stopping:
 
     def __init__(self) -> None:
         self.why: str | None = None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
+        signals.take(self.handle)  # a data generator's pool forked later keeps the default handlers
 
     def handle(self, signum: int, frame: Any) -> None:
         self.why = self.why or f"signal {signal.Signals(signum).name}"

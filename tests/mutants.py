@@ -38,6 +38,7 @@ ZOO = ("tests/attention_zoo/test_every_attention.py",)
 YOSO = ("tests/yoso_cuda/test_attention_backward.py", "tests/attention_zoo/test_yoso.py")
 MODEL = ("tests/lra/test_model_and_module.py",)
 CALLBACKS = ("tests/lra/test_callbacks.py",)
+SIGNALS = ("tests/lra/test_signals.py",)
 TRAIN = ("tests/lra/test_train.py",)
 TABLE = ("tests/lra/test_table.py",)
 
@@ -200,6 +201,22 @@ MUTANTS = [
         "if self.stop_requested and not something_due_after(trainer):",
         "if self.stop_requested:",
         CALLBACKS,
+    ),
+    Mutant(
+        "signals_not_held_over_fork",
+        "lra/signals.py",
+        "a SIGTERM sent to a child forked a moment before is caught by the inherited handler and lost",
+        "signal.pthread_sigmask(signal.SIG_BLOCK, list(_taken))",
+        "signal.pthread_sigmask(signal.SIG_BLOCK, [])",
+        SIGNALS,
+    ),
+    Mutant(
+        "forked_child_keeps_the_handler",
+        "lra/signals.py",
+        "a forked pool worker keeps the campaign's handler and outlives the pool's terminate()",
+        "signal.signal(number, signal.SIG_DFL if first is None else first)",
+        "pass",
+        SIGNALS,
     ),
     Mutant(
         "testing_error_overwrites_last",
