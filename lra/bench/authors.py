@@ -7,10 +7,19 @@ row calls lucidrains' performer-pytorch ``FastAttention``) and this project's (`
 training step in float32::
 
     python -m lra.bench authors --authors-code PATH/Nystromformer/LRA/code [--performer-pytorch PATH/performer-pytorch]
-        [--rows none softmax nystromformer linformer performer] [--rounds 5] [--batch 32] [--seq-len 2048]
-        [--device cpu|cuda] [--out results]
+        [--extra-path DIR ...] [--rows none softmax nystromformer linformer performer] [--rounds 5] [--batch 32]
+        [--seq-len 2048] [--device cpu|cuda] [--out results]
 
 Nothing is fetched: the paths name checkouts made beforehand (never part of this project), imported as they are.
+``--extra-path DIR`` (repeatable) puts a folder first on ``sys.path`` while their code is imported, for packages
+installed outside this project's environment (e.g. ``pip install --target DIR transformers sinkhorn-transformer``).
+Their ``attention_reformer.py`` imports ``transformers.modeling_reformer``, transformers 3.x's layout (whose pins
+have no Python 3.11 wheels); where no module of that name exists, an import hook (:class:`AliasFinder`, ``ALIASES``)
+makes that name the module a current transformers has, ``transformers.models.reformer.modeling_reformer``, whose
+``LSHSelfAttention`` / ``ReformerConfig`` their file uses unchanged. The rows their code lacks (``bigbird``,
+``longformer``, ``sinkhorn``) run a widely used implementation (HF transformers' BigBird and Longformer attentions,
+lucidrains' sinkhorn-transformer) inside their model through :mod:`lra.bench.authors_adapters`, with our row's
+hyperparameters; the CSV's ``implementation`` and ``differences`` columns say what ran and where it differs from ours.
 Their ``run_tasks.py`` step: ``zero_grad``, the loss's mean, ``backward``, AdamW (their betas and eps) and OneCycleLR;
 theirs runs without mixed precision here (``mixed_precision: False``: float32, like ours on a CPU). Where an import of
 theirs needs a package that is not installed and plays no part in the step (performer-pytorch's ``local_attention``,
@@ -29,7 +38,8 @@ each side's peak during one step (after one warm-up step) above what was in use 
 measured before the timed rounds.
 
 Rows go to ``<out>/authors_<device type>.csv`` (replaced per row, others kept) with the commits of their code (from
-``git rev-parse`` in the given folders, or ``--authors-commit`` / ``--performer-commit``), the machine and the date.
+``git rev-parse`` in the given folders, or ``--authors-commit`` / ``--performer-commit``), the third-party package's
+version (``implementation``), the machine and the date.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ import contextlib
 import csv
 import datetime
 import importlib
+import importlib.abc
+import importlib.metadata
 import importlib.util
 import statistics
 import subprocess
@@ -52,6 +64,7 @@ from typing import Any
 
 import torch
 
+from lra.bench import authors_adapters as adapters
 from lra.bench.efficiency import entries
 from lra.bench.measure import STEADY_MMAP_THRESHOLD, MemoryMeter, _set_allocator, synchronize
 from lra.bench.output import RESULTS, write_csv
@@ -68,10 +81,30 @@ THEIR_ROWS = {
     "performer": "performer-256",
     "linear_transformer": "linear",
     "reformer": "reformer-2",
+    # Not in their code: a public implementation in their model through lra.bench.authors_adapters. The names are
+    # ours; "longformer*" takes their Attention's (X, mask) branch, the others its (Q, K, V, mask) one.
+    "bigbird": "bigbird-64",
+    "longformer": "longformer-512",
+    "sinkhorn": "sinkhorn-50",
 }
 DEFAULT_ROWS = ["none", "softmax", "nystromformer", "linformer", "performer"]
-# Imported by their files (or performer-pytorch's) but unused by the step: a stand-in where not installed.
-UNUSED_IMPORTS = {"local_attention": ["LocalAttention"], "axial_positional_embedding": ["AxialPositionalEmbedding"]}
+# Imported by their files (or performer-pytorch's, sinkhorn-transformer's) but unused by the step: a stand-in where
+# not installed.
+UNUSED_IMPORTS = {
+    "local_attention": ["LocalAttention"],
+    "axial_positional_embedding": ["AxialPositionalEmbedding"],
+    "product_key_memory": ["PKM"],
+}
+# Old module name their files import -> where the installed package has it now (an alias put in place at import).
+ALIASES = {"transformers.modeling_reformer": "transformers.models.reformer.modeling_reformer"}
+# Their attention file per attn_type prefix (the CSV's implementation column).
+THEIR_FILES = {
+    "nystrom": "attention_nystrom.py",
+    "linformer": "attention_linformer.py",
+    "performer": "attention_performer.py + performer-pytorch FastAttention",
+    "linear": "attention_linear.py",
+    "reformer": "attention_reformer.py + transformers {transformers} LSHSelfAttention",
+}
 FIELDS = [
     "task",
     "seq_len",
@@ -96,6 +129,8 @@ FIELDS = [
     "torch",
     "date",
     "rounds",
+    "implementation",
+    "differences",
 ]
 
 
@@ -133,11 +168,32 @@ def _unused(self, *args, **kwargs):
     raise NotImplementedError(f"{type(self).__name__} is a stand-in of lra.bench authors: the LRA step never builds it")
 
 
+class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module name (``ALIASES``) as the module now holding it, where nothing else finds the old name
+    (it sits last on ``sys.meta_path``): ``sys.modules[old]`` is then the new module itself, nothing is copied."""
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        self.aliases = aliases
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in self.aliases else None
+
+    def create_module(self, spec):
+        return importlib.import_module(self.aliases[spec.name])
+
+    def exec_module(self, module) -> None:
+        pass
+
+
 @contextlib.contextmanager
-def their_imports(authors_code: Path, performer_pytorch: Path | None) -> Iterator[dict[str, types.ModuleType]]:
-    """Their folders first on ``sys.path``, their top-level module names fresh, the stand-ins in ``sys.modules``:
-    ``{"model_wrapper": ..., "lra_config": ...}``; all undone afterwards."""
+def their_imports(
+    authors_code: Path, performer_pytorch: Path | None, extra_path: list[Path] | None = None
+) -> Iterator[dict[str, types.ModuleType]]:
+    """Their folders (and ``extra_path``) first on ``sys.path``, their top-level module names fresh, the stand-ins in
+    ``sys.modules``, the :data:`ALIASES` importable: ``{"model_wrapper": ..., "lra_config": ...}``; all undone
+    afterwards."""
     folders = [str(authors_code)] + ([str(performer_pytorch)] if performer_pytorch else [])
+    folders += [str(folder) for folder in extra_path or []]
     names = {path.stem for path in authors_code.glob("*.py")} | {"performer_pytorch"}
     saved_path, saved_modules, saved_filters = list(sys.path), dict(sys.modules), list(warnings.filters)
     for name in list(sys.modules):
@@ -145,10 +201,13 @@ def their_imports(authors_code: Path, performer_pytorch: Path | None) -> Iterato
             del sys.modules[name]
     sys.path[:0] = folders
     sys.modules.update(stand_ins())
+    finder = AliasFinder(ALIASES)
+    sys.meta_path.append(finder)
     try:
         warnings.filterwarnings("ignore", message=r"`torch\.cuda\.amp\.autocast", category=FutureWarning)  # theirs, each call
         yield {name: importlib.import_module(name) for name in ("model_wrapper", "lra_config")}
     finally:
+        sys.meta_path.remove(finder)
         warnings.filters[:] = saved_filters
         sys.path[:] = saved_path
         for name in list(sys.modules):
@@ -248,7 +307,10 @@ def compare_row(row: str, args, modules: dict[str, types.ModuleType], batch: dic
         if linformer is not None:  # their Linformer shares one projection through a class attribute: a fresh model's
             linformer.LinformerAttention.projection_matrix = None
         torch.manual_seed(0)
-        model = modules["model_wrapper"].ModelForSC(model_config).to(device).train()
+        model = modules["model_wrapper"].ModelForSC(model_config)
+        if row in adapters.IMPLEMENTATIONS:  # not in their code: the adapter in each of their attention layers
+            adapters.install(row, model, importlib.import_module("attention").Attention, model_config, entry.hparams)
+        model = model.to(device).train()
         step = TheirStep(model, training)
         return lambda: step(their_batch)
 
@@ -281,6 +343,26 @@ def compare_row(row: str, args, modules: dict[str, types.ModuleType], batch: dic
     }
 
 
+def version_of(distribution: str) -> str:
+    """The installed version of ``distribution`` (found on the current ``sys.path``), or ``?``."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def implementation_of(row: str) -> str:
+    """The code their side of ``row`` runs, with the third-party package's version (call inside :func:`their_imports`)."""
+    if row in adapters.IMPLEMENTATIONS:
+        distribution, path = adapters.IMPLEMENTATIONS[row]
+        return f"{distribution} {version_of(distribution)} {path.rpartition('.')[2]} in their model (lra.bench adapter)"
+    attn_type = THEIR_ROWS[row]
+    for prefix, file in THEIR_FILES.items():
+        if attn_type.startswith(prefix):
+            return "their " + file.format(transformers=version_of("transformers"))
+    return "their attention.py"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lra.bench authors",
@@ -305,6 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--authors-commit", default=None, help="their commit, where --authors-code is no git checkout")
     parser.add_argument(
         "--performer-commit", default=None, help="performer-pytorch's commit, where its folder is no git checkout"
+    )
+    parser.add_argument(
+        "--extra-path",
+        type=Path,
+        action="append",
+        default=[],
+        help="a folder put first on sys.path for their imports (e.g. one made with pip install --target: transformers, "
+        "sinkhorn-transformer); repeatable",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for authors_<device>.csv (default: results/ here)")
     return parser
@@ -342,9 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = args.out / f"authors_{device.type}.csv"
     rows = [row for row in read_rows_of(path) if row["row"] not in args.rows]
-    with their_imports(args.authors_code, args.performer_pytorch) as modules:
+    with their_imports(args.authors_code, args.performer_pytorch, args.extra_path) as modules:
         for name in args.rows:
             row = {field: "" for field in FIELDS} | common | {"row": name, "padding": round(padding_share(batch), 3)}
+            row.update(implementation=implementation_of(name), differences=adapters.DIFFERENCES.get(name, ""))
             try:
                 row.update(compare_row(name, args, modules, batch), status="ok")
             except Exception as error:  # a row whose code cannot run here (a missing package): recorded, the rest go on
