@@ -1388,6 +1388,44 @@ RadixBuckets radix_view(const SortedBuckets& sorted, int side, int64_t num_rows,
                       sorted.segment0[side], static_cast<int>(h0), static_cast<int>(hc), hash_bits};
 }
 
+// Calls pass(views, first, last) with one bucket view per side (sides[0]: the keys): once over every
+// hash with the counting sort's index where its 2^tau table fits (use_counting_sort), else once per
+// chunk of hashes radix-sorted within the scratch budget, which one hash of a chunk takes
+// bytes_per_hash of (the sort's buffers and the pass's own), first and last telling the chunk's
+// place. query_codes: what the radix path's range check pairs with the keys' codes (the counting
+// sort's kernels check their own).
+template <typename Pass>
+void over_bucket_views(const Side* sides, int num_sides, const at::Tensor& query_codes, int hash_bits,
+                       int64_t bytes_per_hash, cudaStream_t stream, const Pass& pass) {
+  const int64_t batch = sides[0].codes.size(0), num_hashes = sides[0].codes.size(2);
+  int64_t rows = 0, longest = 0;
+  for (int s = 0; s < num_sides; ++s) {
+    rows += sides[s].codes.size(1);
+    longest = std::max(longest, sides[s].codes.size(1));
+  }
+  if (use_counting_sort(hash_bits, longest)) {
+    BucketIndex index[2];
+    index_buckets(sides, num_sides, hash_bits, index, stream);
+    CountingBuckets views[2] = {};
+    for (int s = 0; s < num_sides; ++s) {
+      views[s] = counting_view(sides[s], index[s], hash_bits);
+    }
+    pass(views, true, true);
+    return;
+  }
+  check_codes_in_range(query_codes, sides[0].codes, hash_bits, stream);
+  const int64_t hc_max = hashes_per_chunk(num_hashes, batch * rows, bytes_per_hash);
+  for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
+    const int64_t hc = std::min(hc_max, num_hashes - h0);
+    const SortedBuckets sorted = sort_buckets(sides, num_sides, batch, num_hashes, h0, hc, hash_bits, stream);
+    RadixBuckets views[2] = {};
+    for (int s = 0; s < num_sides; ++s) {
+      views[s] = radix_view(sorted, s, sides[s].codes.size(1), h0, hc, hash_bits);
+    }
+    pass(views, h0 == 0, h0 + hc == num_hashes);
+  }
+}
+
 // lsh_cumulation by counting sort: three launches (bucket_index_kernel, heavy_bucket_sums_kernel,
 // bucket_lookup_kernel), the values read in their own dtype, the output written whole.
 at::Tensor lsh_cumulation_counting(const at::Tensor& query_codes, const at::Tensor& query_mask, const Side& keys,
@@ -1503,23 +1541,10 @@ at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const 
   const WeightedDirection direction{&queries, &query_weights, &key_weights, &values, &out, true};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_cuda", [&] {
-    if (use_counting_sort(tau, num_keys)) {
-      BucketIndex index;
-      index_buckets(&keys, 1, tau, &index, stream);
-      const CountingBuckets view = counting_view(keys, index, tau);
-      run_weighted<scalar_t>(&direction, &view, 1, num_hashes, true, true, stream);
-      return;
-    }
-    check_codes_in_range(queries.codes, keys.codes, tau, stream);
-    const int64_t width = query_weights.size(2);
-    const int64_t hc_max =
-        hashes_per_chunk(num_hashes, batch * num_keys, weighted_bytes_per_hash(batch, num_keys, width, channels));
-    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-      const int64_t hc = std::min(hc_max, num_hashes - h0);
-      const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
-      const RadixBuckets view = radix_view(sorted, 0, num_keys, h0, hc, tau);
-      run_weighted<scalar_t>(&direction, &view, 1, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
-    }
+    const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, query_weights.size(2), channels);
+    over_bucket_views(&keys, 1, queries.codes, tau, bytes_per_hash, stream, [&](const auto* views, bool first, bool last) {
+      run_weighted<scalar_t>(&direction, views, 1, num_hashes, first, last, stream);
+    });
   });
   return out;
 }
@@ -1567,24 +1592,11 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
                                            {&keys, &key_weights, &query_weights, &query_values, &key_out, false}};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_weighted_cumulation_both_cuda", [&] {
-    if (use_counting_sort(tau, std::max(num_queries, num_keys))) {
-      BucketIndex index[2];
-      index_buckets(sides, 2, tau, index, stream);
-      const CountingBuckets views[2] = {counting_view(keys, index[0], tau), counting_view(queries, index[1], tau)};
-      run_weighted<scalar_t>(directions, views, 2, num_hashes, true, true, stream);
-      return;
-    }
-    check_codes_in_range(queries.codes, keys.codes, tau, stream);
     const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, key_channels) +
                                    weighted_bytes_per_hash(batch, num_queries, width, query_channels);
-    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
-    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-      const int64_t hc = std::min(hc_max, num_hashes - h0);
-      const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
-      const RadixBuckets views[2] = {radix_view(sorted, 0, num_keys, h0, hc, tau),
-                                     radix_view(sorted, 1, num_queries, h0, hc, tau)};
-      run_weighted<scalar_t>(directions, views, 2, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
-    }
+    over_bucket_views(sides, 2, queries.codes, tau, bytes_per_hash, stream, [&](const auto* views, bool first, bool last) {
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, first, last, stream);
+    });
   });
   return {query_out, key_out};
 }
@@ -1636,24 +1648,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsh_lower_bound_gradients_cuda(
       {&keys, &key_weights, &query_weights, &query_vectors, &grad_keys, false, &grad_key_weights, half_tau}};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, type, "yoso_lsh_lower_bound_gradients_cuda", [&] {
-    if (use_counting_sort(tau, std::max(num_queries, num_keys))) {
-      BucketIndex index[2];
-      index_buckets(sides, 2, tau, index, stream);
-      const CountingBuckets views[2] = {counting_view(keys, index[0], tau), counting_view(queries, index[1], tau)};
-      run_weighted<scalar_t>(directions, views, 2, num_hashes, true, true, stream);
-      return;
-    }
-    check_codes_in_range(queries.codes, keys.codes, tau, stream);
     const int64_t bytes_per_hash = weighted_bytes_per_hash(batch, num_keys, width, dim) +
                                    weighted_bytes_per_hash(batch, num_queries, width, dim + 1);
-    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * (num_keys + num_queries), bytes_per_hash);
-    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-      const int64_t hc = std::min(hc_max, num_hashes - h0);
-      const SortedBuckets sorted = sort_buckets(sides, 2, batch, num_hashes, h0, hc, tau, stream);
-      const RadixBuckets views[2] = {radix_view(sorted, 0, num_keys, h0, hc, tau),
-                                     radix_view(sorted, 1, num_queries, h0, hc, tau)};
-      run_weighted<scalar_t>(directions, views, 2, num_hashes, h0 == 0, h0 + hc == num_hashes, stream);
-    }
+    over_bucket_views(sides, 2, queries.codes, tau, bytes_per_hash, stream, [&](const auto* views, bool first, bool last) {
+      run_weighted<scalar_t>(directions, views, 2, num_hashes, first, last, stream);
+    });
   });
   return {grad_queries, grad_keys, grad_key_weights};
 }
@@ -1700,19 +1699,8 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
           static_cast<int>(num_hashes), first);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
-    if (use_counting_sort(tau, num_keys)) {
-      BucketIndex index;
-      index_buckets(&keys, 1, tau, &index, stream);
-      launch(counting_view(keys, index, tau), true);
-      return;
-    }
-    check_codes_in_range(query_codes, keys.codes, tau, stream);
-    const int64_t hc_max = hashes_per_chunk(num_hashes, batch * num_keys, batch * num_keys * 24);
-    for (int64_t h0 = 0; h0 < num_hashes; h0 += hc_max) {
-      const int64_t hc = std::min(hc_max, num_hashes - h0);
-      const SortedBuckets sorted = sort_buckets(&keys, 1, batch, num_hashes, h0, hc, tau, stream);
-      launch(radix_view(sorted, 0, num_keys, h0, hc, tau), h0 == 0);
-    }
+    over_bucket_views(&keys, 1, query_codes, tau, batch * num_keys * 24, stream,
+                      [&](const auto* views, bool first, bool) { launch(views[0], first); });
   });
   return out;
 }
