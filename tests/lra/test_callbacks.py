@@ -3,8 +3,6 @@ excluded; StepProgressBar is one bar over the run's steps that a resume continue
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import pytorch_lightning as pl
@@ -243,45 +241,3 @@ def test_a_second_interruption_stops_at_once(tmp_path):
     assert module.updates == 6, "no step after the second signal's"
     # Saved in the middle of step 6 (Lightning counts the step at its end): a stop at once, not at step 7.
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] < 7
-
-
-# Runs in a fresh interpreter (a hang is a failure after FORK_TEST_TIMEOUT_S): forked from a pytest-xdist worker
-# with torch's threads running, the test process itself could block in a lock held at the fork.
-FORKED_POOL_SCRIPT = """
-import multiprocessing, os, signal, sys
-from lra import callbacks
-
-def wait_for_a_signal(ready):
-    ready.set()
-    signal.pause()
-
-fork = multiprocessing.get_context("fork")
-stopper = callbacks.CheckpointOnInterrupt(sys.argv[1])
-with stopper.stop_between_steps():
-    with fork.Pool(2) as pool:
-        assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
-    ready = fork.Event()
-    worker = fork.Process(target=wait_for_a_signal, args=(ready,), daemon=True)
-    worker.start()
-    try:
-        assert ready.wait(timeout=60)
-        os.kill(worker.pid, signal.SIGTERM)
-        worker.join(timeout=60)
-    finally:
-        worker.kill()
-assert worker.exitcode == -signal.SIGTERM, f"ended by the signal, as with the default handler: {worker.exitcode}"
-"""
-FORK_TEST_TIMEOUT_S = 180
-
-
-def run_fresh(script: str, tmp_path) -> None:
-    command = [sys.executable, "-c", script, str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=FORK_TEST_TIMEOUT_S)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "KeyboardInterrupt" not in result.stderr
-
-
-def test_a_pool_forked_during_fit_ends_quietly_and_its_workers_take_the_signal_as_without_the_handler(tmp_path):
-    """A data generator's multiprocessing pool runs inside fit (the datamodule generates on first use); its
-    workers inherit the stopping handler, and the pool's terminate() sends them SIGTERM."""
-    run_fresh(FORKED_POOL_SCRIPT, tmp_path)

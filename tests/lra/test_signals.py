@@ -36,17 +36,19 @@ assert noted == [signal.SIGTERM], f"the parent's own handler still takes its sig
 assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}, "the signals stay blocked"
 """
 
-# The campaign's handler only takes note of a stop: a pool worker that inherited it outlived terminate().
-CAMPAIGN_CHILD = """
-import multiprocessing, os, signal, sys
-from lra import campaign
+# A data generator's pool forked while a stopping handler is installed: the training's (the datamodule generates on
+# first use, inside fit) or the campaign's, which only takes note of a stop (a worker that inherited it outlived the
+# pool's terminate()). Its workers, and a process forked after it, die of SIGTERM as with the default handler.
+FORKED_WORKERS = """
+import multiprocessing, os, signal, sys, tempfile
+from lra import callbacks, campaign
 
 def wait_for_a_signal(ready):
     ready.set()
     signal.pause()
 
 fork = multiprocessing.get_context("fork")
-stopping = campaign.Stopping()
+{install}
 with fork.Pool(2) as pool:
     assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
 ready = fork.Event()
@@ -58,11 +60,24 @@ try:
     worker.join(timeout=60)
 finally:
     worker.kill()
-assert worker.exitcode == -signal.SIGTERM, f"a forked worker dies of SIGTERM as with the default handler: {worker.exitcode}"
-assert stopping.why is None, "the worker's signal is not the campaign's"
-os.kill(os.getpid(), signal.SIGTERM)
-assert stopping.why == "signal SIGTERM", stopping.why
+assert worker.exitcode == -signal.SIGTERM, f"a forked worker dies of SIGTERM as with the default handler: {{worker.exitcode}}"
+{then}
 """
+INSTALLS = {
+    "training": (
+        "stopper = callbacks.CheckpointOnInterrupt(tempfile.mkdtemp())\n"
+        "handling = stopper.stop_between_steps()\n"
+        "handling.__enter__()",
+        "assert stopper.stop_requested is None, 'a signal to a worker never reaches the training'\n"
+        "assert signal.getsignal(signal.SIGTERM) == stopper._on_signal, 'still installed here'",
+    ),
+    "campaign": (
+        "stopping = campaign.Stopping()",
+        "assert stopping.why is None, 'a signal to a worker never reaches the campaign'\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert stopping.why == 'signal SIGTERM', stopping.why",
+    ),
+}
 
 
 def run_fresh(script: str) -> None:
@@ -80,8 +95,10 @@ def test_a_sigterm_sent_to_a_child_forked_a_moment_before_is_never_lost():
     run_fresh(SIGNALLED_AT_BIRTH)
 
 
-def test_the_campaigns_workers_die_of_sigterm_and_the_campaign_still_notes_its_own():
-    run_fresh(CAMPAIGN_CHILD)
+@pytest.mark.parametrize("handler", sorted(INSTALLS))
+def test_a_pool_forked_under_a_stopping_handler_ends_and_its_workers_die_of_sigterm(handler):
+    install, then = INSTALLS[handler]
+    run_fresh(FORKED_WORKERS.format(install=install, then=then))
 
 
 def test_give_back_restores_the_handlers_of_before_innermost_first():
