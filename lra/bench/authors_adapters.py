@@ -48,7 +48,7 @@ DIFFERENCES = {
     "bigbird": (
         "HF draws its random blocks from the whole sequence at n=2048 (its plan; last_idx=1024 only for n in "
         "1024/3072/4096), reseeding numpy with the layer index each training call; ours from the first 1024 tokens, "
-        "fixed per layer at build; HF masks with -10000/finfo.min additively, ours exactly"
+        "fixed per layer at build; HF masks with an additive -10000, ours exactly (zero weight)"
     ),
     "longformer": (
         "HF projects the global rows' keys/values over every token (tied here, so the same values); "
