@@ -10,6 +10,12 @@ layer's queries and keys (:mod:`attention_zoo.rotary`), before the core attentio
 Mean pooling follows the original code: the sum over real tokens divided by the padded length
 (``mean`` over every position after padded positions were zeroed), not a masked mean.
 
+The step's operators (issue 42): on a CPU every large operator is a parallel region of both threads, and on a loaded
+machine each region waits for a scheduler slice, so a step's time follows their number. There, dropout and the residual
+sum after it are one operator each way (:func:`dropout_add`: the same draws and numbers as ``nn.Dropout`` and ``+``);
+everywhere, the pooling is one batched product (:func:`masked_mean`) and the position table is added whole at full
+length.
+
 Retrieval uses the paper's dual encoder: both documents go through the same encoder separately (no
 attention between them) and the head reads ``[u, v, u * v, u - v]`` of their pooled features u, v.
 """
@@ -94,8 +100,11 @@ class EncoderBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask))
-        return x + self.mlp(self.mlp_norm(x))
+        x = dropout_add(self.attention_dropout, self.attention(self.attention_norm(x), mask), x)
+        # self.mlp, its layers called one by one so that its last dropout and the residual sum are one operator.
+        linear_in, activation, inner_dropout, linear_out, outer_dropout = self.mlp
+        hidden = dropout_add(inner_dropout, activation(linear_in(self.mlp_norm(x))))
+        return dropout_add(outer_dropout, linear_out(hidden), x)
 
 
 class LRAEncoder(nn.Module):
@@ -125,23 +134,79 @@ class LRAEncoder(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(seq_len, model, attention) for _ in range(model.depth))
         self.final_norm = nn.LayerNorm(model.dim)
 
-    def token_features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions."""
+    def normed_features(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features, mask)``: ``(batch, seq, dim)`` features after the final LayerNorm at every position (padded
+        ones too, where they hold anything), and ``(batch, seq)``, True at real tokens."""
         if input_ids.dim() != 2 or input_ids.shape[1] > self.seq_len:
             raise ValueError(f"input_ids must be (batch, seq) with seq <= {self.seq_len}, got shape {tuple(input_ids.shape)}")
         mask = input_ids != 0  # (b, n)
         x = self.token_embedding(input_ids)  # (b, n, dim)
         if self.position_embedding is not None:
             # The table's first n rows: what position_embedding(arange(n)) gathers, to the bit, without building the
-            # index tensor each step or the gather's backward (a sort and a scatter on a GPU).
-            x = x + self.position_embedding.weight[: input_ids.shape[1]]
-        x = self.embedding_dropout(x)
+            # index tensor each step or the gather's backward (a sort and a scatter on a GPU); the whole table at full
+            # length, where a slice's backward would write a zero table and copy the gradient into it.
+            table = self.position_embedding.weight
+            x = x + (table if input_ids.shape[1] == table.shape[0] else table[: input_ids.shape[1]])
+        x = dropout_add(self.embedding_dropout, x)
         for block in self.blocks:
             x = block(x, mask)
-        return self.final_norm(x) * mask[..., None]  # (b, n, dim)
+        return self.final_norm(x), mask
+
+    def token_features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions."""
+        features, mask = self.normed_features(input_ids)
+        return features * mask[..., None]  # (b, n, dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.token_features(input_ids).mean(dim=1)  # (b, dim)
+        return masked_mean(*self.normed_features(input_ids))  # (b, dim)
+
+
+def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(batch, dim)``: the mean over every position of ``features`` (batch, seq, dim) zeroed where ``mask`` (batch, seq)
+    is False, i.e. the sum over real tokens divided by the padded length, as ``(features * mask[..., None]).mean(1)``
+    to float rounding: one batched product (batch, 1, seq) @ (batch, seq, dim) each way, in the features' dtype
+    (autocast off: under bf16 autocast the product would round the float32 features to bfloat16)."""
+    with torch.autocast(features.device.type, enabled=False):
+        weights = mask.to(features.dtype)[:, None, :]  # (b, 1, n)
+        return torch.bmm(weights, features).squeeze(1) / features.shape[1]  # (b, dim)
+
+
+class _KeptScaledSum(torch.autograd.Function):
+    """``residual + y * keep * scale`` (no ``residual``: 0), ``keep`` 0 or 1: one operator forward, one backward."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, keep: torch.Tensor, scale: float, residual: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.addcmul(y.new_zeros(()) if residual is None else residual, y, keep, value=scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        grad_y = torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale) if ctx.needs_input_grad[0] else None
+        return grad_y, None, None, grad if ctx.needs_input_grad[3] else None
+
+
+def dropout_add(dropout: nn.Dropout, y: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``dropout(y)``, plus ``residual`` where given: what ``nn.Dropout`` and ``+`` compute, from the same random draws,
+    in one operator each way (on a CPU, ``F.dropout`` takes two forward, the noise's division and the product, and the
+    sum a third).
+
+    ``F.dropout`` on a CPU draws ``keep = bernoulli(1 - p)`` into a tensor like ``y``, divides it by ``1 - p`` and
+    multiplies; here the same draw is scaled inside the product, ``y * keep * (1 / (1 - p))`` (float32 rounds that
+    reciprocal to the noise's value, so the product is the same number), and the residual is added in the same pass.
+    Elsewhere the plain modules: without dropout (evaluation, p = 0), at p = 1, outside float32 (under bf16 autocast
+    the noise is a bf16 number), and on a GPU, where ``F.dropout`` is one fused kernel with its own random stream.
+    """
+    p = dropout.p
+    if not dropout.training or p == 0:
+        return y if residual is None else residual + y
+    float32 = y.dtype == torch.float32 and (residual is None or residual.dtype == torch.float32)
+    if not (0 < p < 1 and float32 and y.device.type == "cpu"):
+        dropped = dropout(y)
+        return dropped if residual is None else residual + dropped
+    keep = torch.empty_like(y).bernoulli_(1 - p)  # F.dropout's draw: same generator, same order
+    return _KeptScaledSum.apply(y, keep, 1 / (1 - p), residual)
 
 
 class LRAClassifier(nn.Module):

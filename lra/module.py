@@ -171,7 +171,7 @@ class LRAClassificationModule(LRAModule):
     def loss_and_predictions(self, batch):
         # Every key but the label is a model input: input_ids, or input_ids_0 and input_ids_1.
         logits = self(**{name: value for name, value in batch.items() if name != "label"})  # (b, classes)
-        return F.cross_entropy(logits.float(), batch["label"]), logits, batch["label"]
+        return classification_loss(logits, batch["label"]), logits, batch["label"]
 
 
 def compile_backend(setting: bool | str) -> str | None:
@@ -233,10 +233,23 @@ def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND, mod
 def adamw_implementation(parameters: list[torch.Tensor]) -> dict[str, Any]:
     """AdamW's implementation option for ``parameters``: ``fused=True`` where every one is a floating CUDA tensor (the
     whole update in one kernel launch instead of a dozen foreach launches, the same update to float rounding), else
-    torch's default (foreach on a GPU; on a CPU the per-parameter loop every earlier CPU run used, so its numbers stay)."""
+    torch's default (foreach on a GPU; on a CPU the per-parameter loop every earlier CPU run used, so its numbers stay).
+    Not fused on a CPU: torch's CPU kernel opens a parallel region per parameter tensor, 39 a step of the paper's
+    ListOps model against the loop's 20 (foreach: 20), each a scheduler slice on a loaded machine (issue 42)."""
     if parameters and all(p.device.type == "cuda" and p.is_floating_point() for p in parameters):
         return {"fused": True}
     return {}
+
+
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(logits.float(), targets)``: the batch's mean cross entropy of ``logits`` (batch, classes) in
+    float32. On a CPU as ``logsumexp(logits) - logits[target]``, the same number to float rounding from small serial
+    operators: ``log_softmax``, ``nll_loss`` and their backwards are three parallel regions of both threads however small
+    the batch, each a scheduler slice on a loaded machine (issue 42). On a GPU, ``F.cross_entropy``'s fewer kernels."""
+    logits = logits.float()
+    if logits.device.type != "cpu":
+        return F.cross_entropy(logits, targets)
+    return (logits.logsumexp(-1) - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
 
 
 def batch_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None) -> torch.Tensor:

@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from lra.data.tasks import get_spec
-from lra.model import AttentionConfig, LRAClassifier, LRADualClassifier, LRAEncoder, ModelConfig, build_classifier
-from lra.module import LRAClassificationModule
+from lra.model import (
+    AttentionConfig,
+    LRAClassifier,
+    LRADualClassifier,
+    LRAEncoder,
+    ModelConfig,
+    build_classifier,
+    dropout_add,
+    masked_mean,
+)
+from lra.module import LRAClassificationModule, classification_loss
 
 NO_DROPOUT = ModelConfig(dropout=0.0)
 
@@ -170,3 +179,117 @@ def test_a_model_setting_of_the_wrong_type_is_named(values, message):
 def test_an_int_model_dropout_is_a_float():
     dropout = ModelConfig.from_dict({"dropout": 0}).dropout
     assert dropout == 0.0 and isinstance(dropout, float)
+
+
+# The step's operators (issue 42): each piece against the formula it replaces, then a short training against the step
+# before it, written out with nn.Dropout, +, (features * mask).mean(1) and F.cross_entropy.
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_add_draws_and_computes_what_nn_dropout_and_the_sum_do(p):
+    dropout = torch.nn.Dropout(p).train()
+    y = torch.randn(3, 50, 8, requires_grad=True)
+    residual = torch.randn(3, 50, 8, requires_grad=True)
+    grad = torch.randn(3, 50, 8)
+    results = {}
+    for name, step in {
+        "dropped": lambda: dropout(y),
+        "dropout_add": lambda: dropout_add(dropout, y),
+        "summed": lambda: residual + dropout(y),
+        "dropout_add with residual": lambda: dropout_add(dropout, y, residual),
+    }.items():
+        torch.manual_seed(1)
+        out = step()
+        out.backward(grad)
+        results[name] = (out.detach(), y.grad, residual.grad)
+        y.grad = residual.grad = None
+    out, grad_y, _ = results["dropout_add"]
+    expected, expected_grad_y, _ = results["dropped"]
+    assert torch.equal(out, expected) and torch.equal(grad_y, expected_grad_y)  # the same draws, the same products
+    assert 0 < (out == 0).float().mean() < 1
+    out, grad_y, grad_residual = results["dropout_add with residual"]
+    expected, expected_grad_y, expected_grad_residual = results["summed"]
+    torch.testing.assert_close(out, expected)
+    assert torch.equal(grad_y, expected_grad_y) and torch.equal(grad_residual, expected_grad_residual)
+
+
+def test_dropout_add_without_dropout_or_outside_float32_is_the_plain_sum():
+    y, residual = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    for dropout in (torch.nn.Dropout(0.1).eval(), torch.nn.Dropout(0.0).train()):
+        assert dropout_add(dropout, y) is y
+        assert torch.equal(dropout_add(dropout, y, residual), residual + y)
+    dropout = torch.nn.Dropout(0.5).train()
+    half = y.bfloat16()
+    torch.manual_seed(1)
+    expected = residual + dropout(half)  # nn.Dropout's bf16 noise
+    torch.manual_seed(1)
+    assert torch.equal(dropout_add(dropout, half, residual), expected)
+
+
+def test_masked_mean_is_the_mean_of_the_zeroed_features_in_float64():
+    torch.manual_seed(0)
+    features = torch.randn(3, 40, 8)
+    mask = torch.rand(3, 40) < 0.6
+    expected = (features.double() * mask[..., None]).mean(dim=1)
+    torch.testing.assert_close(masked_mean(features, mask).double(), expected, rtol=1e-6, atol=1e-7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the product stays in the features' float32
+        assert masked_mean(features, mask).dtype == torch.float32
+
+
+def test_the_classification_loss_is_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(16, 10, requires_grad=True, dtype=torch.float64)
+    targets = torch.randint(0, 10, (16,))
+    loss = classification_loss(logits.float(), targets)
+    (grad,) = torch.autograd.grad(loss, logits)
+    expected = torch.nn.functional.cross_entropy(logits, targets)
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-8)
+
+
+def previous_step_loss(lra_module, batch):
+    """The step's loss as it was computed before issue 42: nn.Dropout modules and sums, the position embedding
+    gathered, the zeroed features' mean, F.cross_entropy."""
+    encoder, head = lra_module.model.encoder, lra_module.model.head
+    input_ids = batch["input_ids"]
+    mask = input_ids != 0
+    x = encoder.token_embedding(input_ids) + encoder.position_embedding(torch.arange(input_ids.shape[1]))
+    x = encoder.embedding_dropout(x)
+    for block in encoder.blocks:
+        x = x + block.attention_dropout(block.attention(block.attention_norm(x), mask))
+        x = x + block.mlp(block.mlp_norm(x))
+    logits = head((encoder.final_norm(x) * mask[..., None]).mean(dim=1))
+    return torch.nn.functional.cross_entropy(logits, batch["label"])
+
+
+@pytest.mark.parametrize("attention", ["none", "softmax"])
+def test_a_short_training_takes_the_losses_of_the_previous_step(attention):
+    """Eight steps with dropout 0.1 from one seed: the module's step and the previous step's formula (above), each
+    with the module's AdamW and OneCycleLR, give the same losses to float rounding, from the same dropout draws."""
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(8):
+        input_ids = torch.randint(1, 10, (6, 24), generator=generator)
+        input_ids[torch.arange(24) >= torch.randint(4, 25, (6, 1), generator=generator)] = 0
+        batches.append({"input_ids": input_ids, "label": torch.randint(0, 10, (6,), generator=generator)})
+    losses = {}
+    for name, step_loss in {"now": lambda m, batch: m.training_loss(batch)[0], "before": previous_step_loss}.items():
+        torch.manual_seed(0)
+        lra_module = LRAClassificationModule(
+            "listops", 24, {"dropout": 0.1}, {"name": attention}, lr=1e-3, warmup_steps=2, max_steps=8
+        ).train()
+        optimisation = lra_module.configure_optimizers()
+        optimizer, schedule = optimisation["optimizer"], optimisation["lr_scheduler"]["scheduler"]
+        losses[name] = []
+        for batch in batches:
+            optimizer.zero_grad(set_to_none=True)
+            loss = step_loss(lra_module, batch)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses[name].append(loss.detach())
+    now, before = torch.stack(losses["now"]), torch.stack(losses["before"])
+    torch.testing.assert_close(now, before, rtol=1e-6, atol=0.0)  # they differ by about 1e-7
+    assert (now[1:] != now[0]).all()  # the parameters moved: later losses test the updates too
