@@ -12,6 +12,7 @@ from lra.model import (
     LRADualClassifier,
     LRAEncoder,
     ModelConfig,
+    add_positions,
     build_classifier,
     dropout_add,
     masked_mean,
@@ -234,6 +235,17 @@ def test_masked_mean_is_the_mean_of_the_zeroed_features_in_float64():
     torch.testing.assert_close(masked_mean(features, mask).double(), expected, rtol=1e-6, atol=1e-7)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the product stays in the features' float32
         assert masked_mean(features, mask).dtype == torch.float32
+
+
+def test_add_positions_sums_the_gradient_over_the_batch():
+    torch.manual_seed(0)
+    x = torch.randn(5, 30, 8, requires_grad=True)
+    positions = torch.randn(30, 8, requires_grad=True)
+    grad = torch.randn(5, 30, 8)
+    out = add_positions(x, positions)
+    grad_x, grad_positions = torch.autograd.grad(out, (x, positions), grad)
+    assert torch.equal(out, x + positions) and torch.equal(grad_x, grad)
+    torch.testing.assert_close(grad_positions.double(), grad.double().sum(0), rtol=1e-6, atol=1e-6)
 
 
 def test_the_classification_loss_is_cross_entropy():
