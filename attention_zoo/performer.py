@@ -136,12 +136,13 @@ def positive_random_features(
 
 
 def _stabilised_exponentials(
-    x: torch.Tensor, projection: torch.Tensor, key_mask: torch.Tensor | None, is_query: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, projection: torch.Tensor, key_mask: torch.Tensor | None, is_query: bool, with_directions: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(E, directions)`` for ``x`` (b, h, n, d), already scaled: E = exp(W x - |x|^2/2 - c) (b, h, n, m), the
-    features of :func:`positive_random_features` before their eps and m^-1/2, with the same stabiliser c; and where
-    c's gradient goes: per row, the mean of the projection rows w_j at which the logits reach c (b, h, n, d), the
-    max's gradient split evenly among ties as ``amax``'s is (for keys, over every key and feature of a (batch, head)).
+    features of :func:`positive_random_features` before their eps and m^-1/2, with the same stabiliser c; and, if
+    ``with_directions`` (for the backward; else None), where c's gradient goes: per row, the mean of the projection
+    rows w_j at which the logits reach c (b, h, n, d), the max's gradient split evenly among ties as ``amax``'s is
+    (for keys, over every key and feature of a (batch, head)).
 
     One (b, h, n, m) tensor is made: the logits, turned into the exponentials in place.
     """
@@ -151,6 +152,9 @@ def _stabilised_exponentials(
     stabiliser = logits.amax(dim=-1 if is_query else (-2, -1), keepdim=True)  # (b, h, n, 1) or (b, h, 1, 1)
     if not is_query:
         stabiliser = stabiliser.nan_to_num(neginf=0.0)  # every key padded: the (all -inf) exponents stay NaN-free
+    half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (b, h, n, 1)
+    if not with_directions:
+        return logits.sub_(half_sq_norm + stabiliser).exp_(), None
     # Per row, the sum of w_j and the count over the positions j at the max: [logit == c] @ [W, 1].
     at_max = logits == stabiliser  # (b, h, n, m) bool
     with_ones = torch.cat([projection, projection.new_ones(projection.shape[0], 1)], dim=1)  # (m, d + 1)
@@ -161,7 +165,6 @@ def _stabilised_exponentials(
         hits = x.new_zeros(*at_max.shape[:-1], with_ones.shape[1]).index_put_(tuple(row), with_ones[feature], accumulate=True)
     ties = hits[..., -1:] if is_query else hits[..., -1:].sum(dim=-2, keepdim=True)  # (b, h, n, 1) or (b, h, 1, 1)
     directions = hits[..., :-1] / ties.clamp(min=1)  # (b, h, n, d); no ties (every key padded): zero
-    half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (b, h, n, 1)
     return logits.sub_(half_sq_norm + stabiliser).exp_(), directions
 
 
@@ -190,30 +193,36 @@ class _Favor(torch.autograd.Function):
         phi(K)^T [V, 1] = (E_K^T [V, 1] + eps sum_real_keys [V, 1]) / m      (E_K is 0 at padded keys)
         phi(Q) context  = E_Q context + eps sum_features context,
 
-    the same arithmetic as the written-out form up to float rounding. The backward is written out too, so the only
-    (b, h, n, m) tensors are E_Q and E_K (kept for the backward) and one gradient at a time, where autograd through
-    the written-out form keeps and makes a dozen.
+    the same arithmetic as the written-out form up to float rounding. The backward is written out too, and makes E_Q
+    and E_K again from Q and K (kept, like the values: (b, h, n, d)) one at a time, so no (b, h, n, m) tensor lives
+    from the forward to the backward, and at most two at once (an E and its gradient), where autograd through the
+    written-out form keeps and makes a dozen. Made again from the same inputs by the same operators, they are the
+    forward's; the cost is their products and exponentials once more in the backward.
     """
 
     @staticmethod
     def forward(ctx, q, k, values, projection, key_mask, eps):
         if projection.requires_grad:
             raise ValueError("the FAVOR+ projection is a fixed draw (a buffer), it takes no gradient")
-        exp_q, directions_q = _stabilised_exponentials(q, projection, None, is_query=True)  # (b, h, n, m), (b, h, n, d)
-        exp_k, directions_k = _stabilised_exponentials(k, projection, key_mask, is_query=False)  # 0 at padded keys
+        exp_k, _ = _stabilised_exponentials(k, projection, key_mask, is_query=False, with_directions=False)  # (b, h, n, m)
         real_values = values if key_mask is None else values * key_mask  # (b, h, n, dv + 1)
         num_features = projection.shape[0]
         context = (exp_k.transpose(-2, -1) @ values + eps * real_values.sum(dim=-2, keepdim=True)) / num_features
-        ctx.save_for_backward(q, k, values, projection, key_mask, exp_q, exp_k, directions_q, directions_k, context)
+        del exp_k  # (0 at padded keys) made again in the backward
+        exp_q, _ = _stabilised_exponentials(q, projection, None, is_query=True, with_directions=False)  # (b, h, n, m)
+        ctx.save_for_backward(q, k, values, projection, key_mask, context)
         ctx.eps = eps
         return exp_q @ context + eps * context.sum(dim=-2, keepdim=True)  # (b, h, n, dv + 1)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, values, projection, key_mask, exp_q, exp_k, directions_q, directions_k, context = ctx.saved_tensors
+        q, k, values, projection, key_mask, context = ctx.saved_tensors
         eps, num_features = ctx.eps, projection.shape[0]
+        exp_q, directions_q = _stabilised_exponentials(q, projection, None, is_query=True, with_directions=True)
         grad_context = exp_q.transpose(-2, -1) @ grad_out + eps * grad_out.sum(dim=-2, keepdim=True)  # (b, h, m, dv + 1)
         grad_q = _exponentials_backward(grad_out @ context.transpose(-2, -1), exp_q, q, projection, directions_q, True)
+        del exp_q
+        exp_k, directions_k = _stabilised_exponentials(k, projection, key_mask, is_query=False, with_directions=True)
         grad_sums = grad_context / num_features  # (b, h, m, dv + 1): for E_K^T [V, 1] + eps sum_real [V, 1]
         eps_part = eps * grad_sums.sum(dim=-2, keepdim=True)  # (b, h, 1, dv + 1)
         grad_values = exp_k @ grad_sums + (eps_part if key_mask is None else eps_part * key_mask)  # (b, h, n, dv + 1)
@@ -276,7 +285,8 @@ class PerformerAttention(Attention):
         applied to the small (b, h, m, dv + 1) context instead, phi(K)^T [V, 1] = (E_K^T [V, 1] + eps sum_real [V, 1]) / m
         (E_K is 0 at padded keys), then phi(Q) context = E_Q context + eps sum_m context. Numerator and normaliser come
         out of one product with the values and a column of ones. The same arithmetic as the written-out form
-        (:func:`positive_random_features`) up to float rounding, with two (b, h, n, m) tensors per call instead of a dozen.
+        (:func:`positive_random_features`) up to float rounding, with at most two (b, h, n, m) tensors at a time
+        instead of a dozen.
         """
         eps = self.config.eps
         scale = self.head_dim ** (-0.5 if self.config.double_qk_scaling else -0.25)
