@@ -102,20 +102,19 @@ class SinkhornAttention(Attention):
         real = torch.ones(batch, n, dtype=torch.bool, device=device) if mask is None else mask  # (b, n)
         return num_blocks, pad, F.pad(real, (0, pad), value=False).view(batch, num_blocks, block)  # (b, c, B)
 
-    def sorting_matrix(self, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The balanced sorting matrix P of steps 2-4, (b, h, c, c): row i mixes the blocks sorted into block i.
+    def key_blocks(self, k: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1 for the keys (b, h, n, d): their blocks (b, h, c, B, d), padded keys zero, and the (b, c, B) real mask."""
+        batch, heads, n, head_dim = k.shape
+        num_blocks, pad, real = self._blocks(mask, batch, n, k.device)
+        blocks = F.pad(k, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, head_dim) * real[:, None, :, :, None]
+        return blocks, real
 
-        ``k``: (b, h, n, d) with its (b, n) ``mask``; or, as :meth:`attend` passes them, the key blocks of step 1,
-        (b, h, c, B, d) with the padded keys zeroed, and their (b, c, B) real-token mask (the same P, without padding
-        and masking the keys a second time)."""
-        if k.dim() == 4:
-            batch, heads, n, head_dim = k.shape
-            num_blocks, pad, real = self._blocks(mask, batch, n, k.device)
-            k = F.pad(k, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, head_dim) * real[:, None, :, :, None]
-        else:
-            num_blocks, real = k.shape[2], mask  # (b, h, c, B, d), (b, c, B)
-        embedding = k.sum(dim=3)  # (b, h, c, d): padded keys add nothing
-        scores = F.linear(embedding, self.sort_net.weight[:num_blocks].to(k.dtype))  # (b, h, c, c)
+    def sorting_matrix(self, key_blocks: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The balanced sorting matrix P of steps 2-4, (b, h, c, c): row i mixes the blocks sorted into block i.
+        ``key_blocks``, ``real``: what :meth:`key_blocks` makes of the keys and their mask."""
+        num_blocks = key_blocks.shape[2]
+        embedding = key_blocks.sum(dim=3)  # (b, h, c, d): padded keys add nothing
+        scores = F.linear(embedding, self.sort_net.weight[:num_blocks].to(key_blocks.dtype))  # (b, h, c, c)
         # Real blocks are balanced among themselves, padded ones among themselves; the diagonal is
         # always allowed, so every row and column keeps a finite log-sum-exp.
         block_real = real.any(dim=2)  # (b, c)
@@ -129,15 +128,15 @@ class SinkhornAttention(Attention):
     def attend(self, q, k, v, mask):
         batch, heads, n, head_dim = q.shape
         value_dim = v.shape[-1]
-        num_blocks, pad, real = self._blocks(mask, batch, n, q.device)
         dropout = self.config.dropout if self.training else 0.0
 
         # Step 1: blocks; padded keys and values are zeros, so no mixture below picks them up.
+        k, real = self.key_blocks(k, mask)  # (b, h, c, B, d), (b, c, B)
+        num_blocks = k.shape[2]
+        pad = num_blocks * k.shape[3] - n
         q = F.pad(q, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, head_dim) / math.sqrt(head_dim)  # (b, h, c, B, d)
-        key_real = real[:, None, :, :, None]  # (b, 1, c, B, 1)
-        k = F.pad(k, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, head_dim) * key_real  # (b, h, c, B, d)
-        v = F.pad(v, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, value_dim) * key_real  # (b, h, c, B, dv)
-        p = self.sorting_matrix(k, real)  # (b, h, c, c): steps 2-4, from the key blocks just made
+        v = F.pad(v, (0, 0, 0, pad)).view(batch, heads, num_blocks, -1, value_dim) * real[:, None, :, :, None]  # (b, h, c, B, dv)
+        p = self.sorting_matrix(k, real)  # (b, h, c, c): steps 2-4
 
         # Step 5: sort the key and value blocks; a sorted slot is real when some real key reaches it.
         sorted_k = torch.einsum("bhij,bhjxd->bhixd", p, k)  # (b, h, c, B, d)

@@ -62,7 +62,9 @@ def test_the_sorting_matrix_is_plain_sinkhorn_over_the_sort_net_scores(n, block,
     attn = build(n, block_size=block, sinkhorn_iterations=iterations, temperature=0.75)
     _, k, _ = random_qkv(4, n, dtype=torch.float64, qk_scale=0.3)
     for mask in (ragged_mask(n, row3=max(2 * n // 5, 1)), None):
-        torch.testing.assert_close(attn.sorting_matrix(k, mask), plain_sinkhorn(attn, k, mask), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            attn.sorting_matrix(*attn.key_blocks(k, mask)), plain_sinkhorn(attn, k, mask), rtol=1e-10, atol=1e-12
+        )
 
 
 @pytest.mark.parametrize(("n", "block", "iterations"), CASES)
@@ -70,7 +72,7 @@ def test_equals_the_dense_equations_for_its_sorting_matrix_in_float64(n, block, 
     attn = build(n, block_size=block, sinkhorn_iterations=iterations)
     q, k, v = random_qkv(4, n, dtype=torch.float64, value_dim=2 * HEAD_DIM)
     for mask in (ragged_mask(n, row3=max(2 * n // 5, 1)), None):
-        p = attn.sorting_matrix(k, mask)
+        p = attn.sorting_matrix(*attn.key_blocks(k, mask))
         expected = dense_reference(p, q, k, v, mask, block)
         torch.testing.assert_close(attend64(attn, q, k, v, mask), expected, rtol=1e-6, atol=1e-6)
         # forward() in float32 balances its own float32 matrix: close, not identical.
@@ -84,9 +86,11 @@ def test_the_sorting_matrix_is_doubly_stochastic_over_the_real_blocks():
     blocks = n // block
     block_real = mask.view(4, blocks, block).any(-1)  # (b, c)
     torch.manual_seed(0)
-    one = build(n, block_size=block, sinkhorn_iterations=1).sorting_matrix(k, mask)
+    attn = build(n, block_size=block, sinkhorn_iterations=1)
+    one = attn.sorting_matrix(*attn.key_blocks(k, mask))
     torch.manual_seed(0)  # the same sort net
-    many = build(n, block_size=block, sinkhorn_iterations=200).sorting_matrix(k, mask)
+    attn = build(n, block_size=block, sinkhorn_iterations=200)
+    many = attn.sorting_matrix(*attn.key_blocks(k, mask))
     for p in (one, many):
         assert (p >= 0).all()
         cross = block_real[:, None, :, None] != block_real[:, None, None, :]
