@@ -1,8 +1,8 @@
 """One command for a GPU machine: validate YOSO's CUDA kernels and measure the GPU benchmarks.
 
-``python -m lra.bench gpu [--steps check,tests,...] [--out results] [--timeout S] [-k EXPR] [--dry-run]``
-runs these steps in order from the repository root, each as its own process, and goes on past a
-step that fails:
+``python -m lra.bench gpu [--steps check,tests,...] [--out results] [--timeout S] [--budget S] [-k EXPR]
+[--dry-run]`` runs these steps in order from the repository root, each as its own process, and goes on past
+a step that fails:
 
 ============  ================================================================================
 ``check``     ``python -m yoso_cuda --check``: builds the kernels (``YOSO_KERNELS=require``),
@@ -33,6 +33,14 @@ of ``train_cuda.{csv,png}`` and ``train_cuda_profile/``, each step's full output
 CUDA, torch; each step's command, status, duration and key figures) rendered from
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
 the others, so the steps can be split across sessions (each step has a timeout, ``--timeout``).
+
+For a lent machine, whose commands have a time limit:
+
+- ``--budget S``: S seconds for the whole command, counted from its start. Each step's timeout becomes the smaller
+  of its own and what is left; a step is not started while under :data:`MIN_STEP_S` (30 s) are left, and is
+  recorded as skipped with the reason "no time left in --budget S s", as is every step after it (time only goes
+  down, and skipping takes none). A skipped step keeps its earlier result in the record (``earlier``, shown in the
+  summary). A step stopped by what was left says so in its figures. Without ``--budget`` nothing changes.
 
 It needs only what the project's training needs (torch, Lightning, Hydra, pandas, matplotlib,
 ninja, pytest) plus, for the sanitizer steps, ``compute-sanitizer`` from the CUDA toolkit; without
@@ -98,6 +106,7 @@ class StepResult:
     figures: list[str]  # key figures, one line each (markdown)
     log: str | None = None  # the step's full output, relative to --out
     finished_at: str = ""
+    earlier: dict | None = None  # skipped for --budget: the result it had before (itself never a skipped one)
 
 
 def compute_sanitizer() -> str | None:
@@ -526,6 +535,10 @@ def render(record: dict) -> str:
     for result in results:
         lines += ["", f"## {result.name}: {result.status}", "", f"`{result.command}` ({result.finished_at})", ""]
         lines += [f"- {figure}" for figure in result.figures]
+        if result.earlier:
+            kept = StepResult(**result.earlier)
+            lines.append(f"- before: {kept.status} in {kept.duration_s:.0f} s ({kept.finished_at}), kept here:")
+            lines += [f"  - {figure}" for figure in kept.figures]
     return "\n".join(lines) + "\n"
 
 
@@ -542,7 +555,81 @@ def load_record(out: Path, order: list[str]) -> dict:
     return record
 
 
+# ---- the run: a budget for the whole command -----------------------------------------------------
+
+MIN_STEP_S = 30.0  # --budget: a step starts only while at least this much of the budget is left
+
+
+def run_steps(
+    steps: list[Step],
+    out: Path,
+    train_dir: Path,
+    record: dict,
+    order: list[str],
+    budget: float | None = None,
+    started: float | None = None,
+    min_step_s: float | None = None,
+) -> list[str]:
+    """Run ``steps`` in turn, saving ``record`` after each one; their statuses.
+
+    With ``budget``, seconds from ``started`` (``time.monotonic()``, default now): a step's timeout is at most what is
+    left, and a step is skipped, with the reason, when less than ``min_step_s`` (:data:`MIN_STEP_S`) is left (so are all
+    after it)."""
+    started = time.monotonic() if started is None else started
+    min_step_s = MIN_STEP_S if min_step_s is None else min_step_s
+    statuses = []
+    for step in steps:
+        log_path = out / SUMMARY / f"{step.name}.log"
+        earlier, capped = None, None
+        if budget is not None and not step.skip_reason:
+            left = budget - (time.monotonic() - started)
+            if left < min_step_s:
+                step.skip_reason = (
+                    f"no time left in --budget {budget:.0f} s: {max(left, 0):.0f} s left, "
+                    f"a step starts only with at least {min_step_s:.0f} s"
+                )
+                kept = record["steps"].get(step.name)
+                earlier = kept.get("earlier") if kept and kept["status"] == "skipped" else kept
+            elif left < step.timeout_s:
+                capped, step.timeout_s = step.timeout_s, left
+        if step.skip_reason:
+            status, duration, figures, log = "skipped", 0.0, [step.skip_reason], None
+        else:
+            print(f"[{step.name}] {' '.join(step.command)}", flush=True)
+            status, duration = run_step(step, log_path)
+            figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir)
+            status = "failed" if status == "passed" and not holds else status
+            if status == "timeout" and capped:
+                figures = [
+                    f"stopped after {step.timeout_s:.0f} s, what was left of --budget {budget:.0f} s "
+                    f"(its own timeout: {capped:.0f} s)"
+                ] + figures
+            log = str(log_path.relative_to(out))
+        result = StepResult(
+            step.name,
+            " ".join(step.command),
+            status,
+            round(duration, 1),
+            figures,
+            log,
+            datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            earlier,
+        )
+        statuses.append(status)
+        record["steps"][step.name] = asdict(result)
+        record["steps"] = {name: record["steps"][name] for name in order if name in record["steps"]}
+        save(out, record)  # after every step, so an interrupted run keeps what it measured
+        print(f"[{step.name}] {status} in {duration:.0f} s" + "".join(f"\n    {figure}" for figure in figures[:12]), flush=True)
+        if status in ("failed", "timeout"):
+            print(
+                "    last lines of the log:\n"
+                + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:])
+            )
+    return statuses
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()  # --budget counts from here
     parser = argparse.ArgumentParser(prog="python -m lra.bench gpu", description=__doc__.split("\n\n")[0])
     names = list(plan(RESULTS, RESULTS))
     parser.add_argument(
@@ -556,6 +643,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds per step (default: each step's own, under 10 minutes)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"seconds for the whole command: each step's timeout is at most what is left, and a step is skipped once "
+        f"under {MIN_STEP_S:.0f} s are left",
     )
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
     parser.add_argument(
@@ -574,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in chosen if name not in names]
     if unknown or not chosen:
         parser.error(f"unknown step(s) {', '.join(unknown) or '(none given)'}; choose from {','.join(names)}")
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     out = args.out.resolve()
     train_dir = Path("outputs", "gpu_validation", datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
     if args.official_yoso and not args.official_yoso.is_dir():
@@ -599,36 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GPU validation on {record['machine']['device']}, torch {torch.__version__}: steps {', '.join(s.name for s in steps)}",
         flush=True,
     )
-    statuses = []
-    for step in steps:
-        log_path = out / SUMMARY / f"{step.name}.log"
-        if step.skip_reason:
-            status, duration, figures, log = "skipped", 0.0, [step.skip_reason], None
-        else:
-            print(f"[{step.name}] {' '.join(step.command)}", flush=True)
-            status, duration = run_step(step, log_path)
-            figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir)
-            status = "failed" if status == "passed" and not holds else status
-            log = str(log_path.relative_to(out))
-        result = StepResult(
-            step.name,
-            " ".join(step.command),
-            status,
-            round(duration, 1),
-            figures,
-            log,
-            datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        )
-        statuses.append(status)
-        record["steps"][step.name] = asdict(result)
-        record["steps"] = {name: record["steps"][name] for name in names if name in record["steps"]}
-        save(out, record)  # after every step, so an interrupted run keeps what it measured
-        print(f"[{step.name}] {status} in {duration:.0f} s" + "".join(f"\n    {figure}" for figure in figures[:12]), flush=True)
-        if status in ("failed", "timeout"):
-            print(
-                "    last lines of the log:\n"
-                + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:])
-            )
+    statuses = run_steps(steps, out, train_dir, record, names, args.budget, started)
     print(f"wrote {out / (SUMMARY + '.md')}")
     return 0 if all(status in ("passed", "skipped") for status in statuses) else 1
 

@@ -190,3 +190,42 @@ def test_the_step_figures_check_the_none_listops_step_against_the_target(tmp_pat
         and "met (best: 2.5 ms step, 1.0 ms evaluation, compiled)" in figures[-1]
     )
     assert gpu.step_figures(tmp_path / "nothing") == ([], False)
+
+
+def sleeper(name: str, timeout_s: float = 20) -> gpu.Step:
+    return gpu.Step(name, [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"], timeout_s)
+
+
+def test_a_budget_caps_the_running_step_and_skips_the_steps_it_leaves_no_time_for(tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    record = {**gpu.load_record(out, STEPS), "machine": {"device": "a stand-in GPU"}}
+    earlier = gpu.StepResult("racecheck", "old", "passed", 62.2, ["RACECHECK SUMMARY: 0 hazards"], "r.log", "2026-11-25")
+    record["steps"]["racecheck"] = earlier.__dict__
+    steps = [
+        gpu.Step("check", [sys.executable, "-c", "print('cuda  lsh_cumulation  PASS  max |error| 0')"], 540),
+        sleeper("tests"),
+        sleeper("memcheck"),
+        sleeper("racecheck"),
+    ]
+    start = time.monotonic()
+    statuses = gpu.run_steps(steps, out, tmp_path / "train", record, STEPS, budget=3, started=start, min_step_s=1)
+    assert statuses == ["passed", "timeout", "skipped", "skipped"] and time.monotonic() - start < 10
+    assert 1 < steps[1].timeout_s < 3, "the running step's timeout: what was left of the budget, not its own 20 s"
+    saved = json.loads((out / "gpu_validation_cuda.json").read_text())["steps"]
+    assert saved["check"]["figures"][0] == "1 PASS, 0 FAIL"
+    assert saved["tests"]["figures"][:2] == [
+        f"stopped after {steps[1].timeout_s:.0f} s, what was left of --budget 3 s (its own timeout: 20 s)",
+        "pytest: no summary line",
+    ]
+    reason = "no time left in --budget 3 s: 0 s left, a step starts only with at least 1 s"
+    assert [saved[name]["figures"] for name in ("memcheck", "racecheck")] == [[reason], [reason]]
+    assert saved["memcheck"]["earlier"] is None and saved["racecheck"]["earlier"] == earlier.__dict__
+    summary = (out / "gpu_validation_cuda.md").read_text()
+    assert f"## racecheck: skipped\n\n`{sys.executable} -c" in summary and f"- {reason}\n" in summary
+    assert "- before: passed in 62 s (2026-11-25), kept here:\n  - RACECHECK SUMMARY: 0 hazards\n" in summary
+    assert "| memcheck | skipped | 0 s |" in summary
+
+    # Without a budget the steps keep their own timeouts, and a skip keeps nothing.
+    quick = gpu.Step("racecheck", [sys.executable, "-c", "pass"], 540)
+    assert gpu.run_steps([quick], out, tmp_path / "train", record, STEPS) == ["passed"] and quick.timeout_s == 540
