@@ -1,8 +1,8 @@
 """One command for a GPU machine: validate YOSO's CUDA kernels and measure the GPU benchmarks.
 
-``python -m lra.bench gpu [--steps check,tests,...] [--out results] [--timeout S] [--budget S] [-k EXPR]
-[--dry-run]`` runs these steps in order from the repository root, each as its own process, and goes on past
-a step that fails:
+``python -m lra.bench gpu [--steps check,tests,...] [--out results] [--timeout S] [--budget S] [--archive PATH]
+[-k EXPR] [--dry-run]`` runs these steps in order from the repository root, each as its own process, and goes
+on past a step that fails:
 
 ============  ================================================================================
 ``check``     ``python -m yoso_cuda --check``: builds the kernels (``YOSO_KERNELS=require``),
@@ -34,13 +34,18 @@ CUDA, torch; each step's command, status, duration and key figures) rendered fro
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
 the others, so the steps can be split across sessions (each step has a timeout, ``--timeout``).
 
-For a lent machine, whose commands have a time limit:
+For a lent machine, whose commands have a time limit and whose files come back only from one folder:
 
 - ``--budget S``: S seconds for the whole command, counted from its start. Each step's timeout becomes the smaller
   of its own and what is left; a step is not started while under :data:`MIN_STEP_S` (30 s) are left, and is
   recorded as skipped with the reason "no time left in --budget S s", as is every step after it (time only goes
   down, and skipping takes none). A skipped step keeps its earlier result in the record (``earlier``, shown in the
   summary). A step stopped by what was left says so in its figures. Without ``--budget`` nothing changes.
+- ``--archive PATH``: after every step (skipped ones too), one .tar.gz of what this run wrote under ``--out``:
+  the files new or changed since the command started (the steps' logs, CSV, PNG and profiles) and the summary
+  ``.json``/``.md`` always, named relative to ``--out`` (``tar -xzf PATH -C results`` puts them where
+  ``--out results`` would), written to a temporary file and renamed, so a command killed at its limit leaves the
+  archive of the steps it finished. Never checkpoints (``.ckpt``, ``.pt``, ``.pth``); the steps write none there.
 
 It needs only what the project's training needs (torch, Lightning, Hydra, pandas, matplotlib,
 ninja, pytest) plus, for the sanitizer steps, ``compute-sanitizer`` from the CUDA toolkit; without
@@ -59,6 +64,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -555,9 +561,40 @@ def load_record(out: Path, order: list[str]) -> dict:
     return record
 
 
-# ---- the run: a budget for the whole command -----------------------------------------------------
+# ---- the run: a budget for the whole command, an archive after every step ------------------------
 
 MIN_STEP_S = 30.0  # --budget: a step starts only while at least this much of the budget is left
+ARCHIVE_SKIPS = (".ckpt", ".pt", ".pth", ".partial")  # never archived: checkpoints, unfinished archives
+ARCHIVE_LIMIT = 16 * 2**20  # what one file back from a lent machine may weigh
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``out`` (relative path) with its modification time and size: what was there before."""
+    files = {}
+    for path in sorted(out.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            files[str(path.relative_to(out))] = (stat.st_mtime_ns, stat.st_size)
+    return files
+
+
+def written_since(out: Path, before: dict[str, tuple[int, int]], leave_out: set[Path]) -> list[str]:
+    """The files under ``out`` that are new or changed since ``before``, and the summary always (relative paths)."""
+    now = snapshot(out)
+    names = {name for name, seen in now.items() if before.get(name) != seen}
+    names |= {name for name in (f"{SUMMARY}.json", f"{SUMMARY}.md") if name in now}
+    return sorted(name for name in names if (out / name).resolve() not in leave_out and not name.endswith(ARCHIVE_SKIPS))
+
+
+def write_archive(path: Path, out: Path, names: list[str]) -> int:
+    """``names`` (relative to ``out``) into the .tar.gz ``path``, atomically (a temporary file, then a rename); its size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".partial")
+    with tarfile.open(staging, "w:gz") as archive:
+        for name in names:
+            archive.add(out / name, arcname=name, recursive=False)
+    os.replace(staging, path)
+    return path.stat().st_size
 
 
 def run_steps(
@@ -567,16 +604,19 @@ def run_steps(
     record: dict,
     order: list[str],
     budget: float | None = None,
+    archive: Path | None = None,
     started: float | None = None,
     min_step_s: float | None = None,
 ) -> list[str]:
-    """Run ``steps`` in turn, saving ``record`` after each one; their statuses.
+    """Run ``steps`` in turn, saving ``record`` (and ``archive``) after each one; their statuses.
 
     With ``budget``, seconds from ``started`` (``time.monotonic()``, default now): a step's timeout is at most what is
     left, and a step is skipped, with the reason, when less than ``min_step_s`` (:data:`MIN_STEP_S`) is left (so are all
     after it)."""
     started = time.monotonic() if started is None else started
     min_step_s = MIN_STEP_S if min_step_s is None else min_step_s
+    before = snapshot(out) if archive else {}
+    leave_out = {archive.resolve(), archive.resolve().with_name(archive.name + ".partial")} if archive else set()
     statuses = []
     for step in steps:
         log_path = out / SUMMARY / f"{step.name}.log"
@@ -625,6 +665,12 @@ def run_steps(
                 "    last lines of the log:\n"
                 + "\n".join("      " + line for line in log_path.read_text(errors="replace").splitlines()[-25:])
             )
+        if archive:  # after every step too: a command killed at its limit still brings back the steps it finished
+            members = written_since(out, before, leave_out)
+            size = write_archive(archive, out, members)
+            print(f"    {archive}: {len(members)} files, {size / 1024:.0f} KiB", flush=True)
+            if size > ARCHIVE_LIMIT:
+                print(f"    warning: over {ARCHIVE_LIMIT / 2**20:.0f} MiB, more than one file back from a lent machine may weigh")
     return statuses
 
 
@@ -652,6 +698,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds for the whole command: each step's timeout is at most what is left, and a step is skipped once "
         f"under {MIN_STEP_S:.0f} s are left",
     )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="after every step, a .tar.gz of what this run wrote under --out (paths relative to it): tar -xzf PATH -C results",
+    )
     parser.add_argument("-k", dest="pytest_filter", default=None, help="a pytest -k expression for tests, memcheck, racecheck")
     parser.add_argument(
         "--official-yoso",
@@ -672,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     out = args.out.resolve()
+    archive = args.archive.resolve() if args.archive else None
     train_dir = Path("outputs", "gpu_validation", datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
     if args.official_yoso and not args.official_yoso.is_dir():
         parser.error(f"--official-yoso {args.official_yoso}: no such folder (a checkout of mlpen/YOSO)")
@@ -696,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GPU validation on {record['machine']['device']}, torch {torch.__version__}: steps {', '.join(s.name for s in steps)}",
         flush=True,
     )
-    statuses = run_steps(steps, out, train_dir, record, names, args.budget, started)
+    statuses = run_steps(steps, out, train_dir, record, names, args.budget, archive, started)
     print(f"wrote {out / (SUMMARY + '.md')}")
     return 0 if all(status in ("passed", "skipped") for status in statuses) else 1
 

@@ -4,6 +4,7 @@ import csv
 import json
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -229,3 +230,68 @@ def test_a_budget_caps_the_running_step_and_skips_the_steps_it_leaves_no_time_fo
     # Without a budget the steps keep their own timeouts, and a skip keeps nothing.
     quick = gpu.Step("racecheck", [sys.executable, "-c", "pass"], 540)
     assert gpu.run_steps([quick], out, tmp_path / "train", record, STEPS) == ["passed"] and quick.timeout_s == 540
+
+
+WRITES = """from pathlib import Path; import sys; out = Path(sys.argv[1])
+(out / 'kernels_cuda.csv').write_text('method,time_ms\\nyoso_32,1.5\\n')
+(out / 'train_cuda_profile').mkdir(); (out / 'train_cuda_profile' / 'none.txt').write_text('a profile')
+(out / 'last.ckpt').write_text('a checkpoint'); (out / 'old.csv').touch()"""
+LISTS = """import sys, tarfile, time; print(sorted(tarfile.open(sys.argv[1]).getnames()), flush=True); time.sleep(600)"""
+
+
+def test_the_archive_after_every_step_holds_what_the_run_wrote_relative_to_out(tmp_path, monkeypatch, capsys):
+    out, archive = tmp_path / "results", tmp_path / "OUT" / "gpu_validation.tar.gz"
+    out.mkdir()
+    (out / "old.csv").write_text("kept\n")
+    (out / "untouched.csv").write_text("not this run's\n")
+    earlier = gpu.StepResult("train", "python -m lra.train", "passed", 56.8, ["softmax: finished"], "t.log", "earlier")
+    (out / "gpu_validation_cuda.json").write_text(json.dumps({"steps": {"train": earlier.__dict__}}))
+
+    def fake_plan(*args, **kwargs):
+        steps = [
+            gpu.Step("check", [sys.executable, "-c", WRITES, str(out)], 540),
+            gpu.Step("tests", [sys.executable, "-c", LISTS, str(archive)], 20),
+            sleeper("memcheck"),
+            sleeper("train"),
+        ]
+        return {step.name: step for step in steps}
+
+    monkeypatch.setattr(gpu, "plan", fake_plan)
+    monkeypatch.setattr(gpu, "machine", lambda: {"device": "a stand-in GPU"})
+    monkeypatch.setattr(gpu, "MIN_STEP_S", 1.0)
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    start = time.monotonic()
+    argv = ["--steps", "check,tests,memcheck", "--out", str(out), "--budget", "4", "--archive", str(archive)]
+    assert gpu.main(argv) == 1 and time.monotonic() - start < 12
+    assert f"{archive}: 7 files" in capsys.readouterr().out
+
+    first = [
+        "gpu_validation_cuda.json",
+        "gpu_validation_cuda.md",
+        "gpu_validation_cuda/check.log",
+        "kernels_cuda.csv",
+        "old.csv",
+        "train_cuda_profile/none.txt",
+    ]
+    tests_log = (out / "gpu_validation_cuda" / "tests.log").read_text()
+    assert str(first) in tests_log, "the archive, as the next step found it, held the first step's files"
+    assert "# stopped after the step's timeout of" in tests_log
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["gpu_validation.tar.gz"], "no temporary file left"
+
+    home = tmp_path / "home" / "results"
+    home.mkdir(parents=True)
+    with tarfile.open(archive) as opened:
+        assert sorted(opened.getnames()) == sorted([*first, "gpu_validation_cuda/tests.log"])
+        opened.extractall(home, filter="data")
+    assert (home / "kernels_cuda.csv").read_text() == "method,time_ms\nyoso_32,1.5\n"
+    assert (home / "train_cuda_profile" / "none.txt").read_text() == "a profile"
+    assert (home / "gpu_validation_cuda" / "tests.log").read_text() == tests_log
+    record = json.loads((home / "gpu_validation_cuda.json").read_text())
+    assert {name: step["status"] for name, step in record["steps"].items()} == {
+        "check": "passed",
+        "tests": "timeout",
+        "memcheck": "skipped",
+        "train": "passed",
+    }
+    assert record["steps"]["train"] == earlier.__dict__ and record["machine"] == {"device": "a stand-in GPU"}
+    assert (home / "gpu_validation_cuda.md").read_text() == gpu.render(record)
