@@ -51,6 +51,7 @@ class Case:
     hash_bits: int
     num_hashes: int
     chunk_bytes: int | None = None  # YOSO_CUDA_CHUNK_BYTES: small enough to split the hashes into chunks
+    unpadded_first_row: bool = False  # batch row 0 without padding: sorted rounds that end on a real row
     dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
 
     def __str__(self) -> str:
@@ -89,6 +90,20 @@ CASES = [
     ),
     # The transposed direction's heavy buckets: buckets of ~350 queries, which the keys look up in
     # lsh_weighted_cumulation_both.
+    # bucket_index_kernel sorts 2048 rows at a time: buckets of ~470 keys that span two rounds, the
+    # first round all real keys (few queries, so that the collided gradient's pairs stay few).
+    Case(
+        "crowded_rounds",
+        batch=2,
+        num_queries=64,
+        num_keys=2200,
+        dim=16,
+        channels=8,
+        hash_bits=2,
+        num_hashes=2,
+        dtypes=(torch.float32,),
+        unpadded_first_row=True,
+    ),
     Case(
         "crowded_queries",
         batch=2,
@@ -116,6 +131,8 @@ def make_inputs(case: Case, dtype: torch.dtype, seed: int = 0) -> dict[str, torc
     key_mask = torch.rand(b, nk, generator=generator) < 0.85
     if b > 1:
         query_mask[-1], key_mask[-1] = False, False
+    if case.unpadded_first_row:
+        query_mask[0], key_mask[0] = True, True
     floats = lambda *shape: torch.randn(*shape, generator=generator).to(dtype)  # noqa: E731
     return dict(
         queries=queries.to(dtype),

@@ -64,8 +64,9 @@ def case(length, dim, tau, dtype, device, num_hashes=4, seed=0):
 
 # (length, dim, tau): on a GPU, (4097, 100, 16) takes the radix path (2^16 buckets exceed the counting
 # sort's table) and the others the counting sort; (1000, 16, 1) crowds two buckets of ~400 rows, past
-# the weighted cumulations' heavy threshold (63 rows at w = c = 16), so their tables are used.
-GRID = [(1, 16, 8), (7, 32, 1), (1000, 64, 12), (4097, 100, 16), (300, 32, 3), (1000, 16, 1)]
+# the weighted cumulations' heavy threshold (63 rows at w = c = 16), so their tables are used;
+# (3000, 16, 2) indexes its buckets of ~600 rows in two rounds of 2048 rows.
+GRID = [(1, 16, 8), (7, 32, 1), (1000, 64, 12), (4097, 100, 16), (300, 32, 3), (1000, 16, 1), (3000, 16, 2)]
 
 
 def assert_matches(out, expected, dtype):

@@ -8,10 +8,11 @@
 //
 // Every cumulation runs on a counting sort with direct lookup by default: per segment (batch row b,
 // hash h) a table of 2^tau bucket ends and the real rows' indices in bucket order (bucket_index_kernel,
-// one launch for one side or for the queries and keys at once), sums or outer-product tables of the
-// buckets too large to enumerate per lookup (one launch), then one warp per lookup row adds its
-// bucket's contribution hash by hash and writes its output row whole (one launch): no host
-// synchronisation, no sort, no binary search, no chunks, no zero fill. For a tau too large for a
+// one block per segment sorting 2048 rows at a time in shared memory, one launch for one side or for
+// the queries and keys at once), sums or outer-product tables of the buckets too large to enumerate
+// per lookup (one launch), then one warp per lookup row adds its bucket's contribution hash by hash
+// and writes its output row whole (one launch): no host synchronisation, no device-wide sort, no
+// binary search, no chunks, no zero fill of the outputs. For a tau too large for a
 // table of 2^tau buckets (and under YOSO_CUDA_CUMULATION=radix) the radix-sort structure below
 // takes over, processed a chunk of hashes at a time (memory linear in n):
 //   0. a code outside [0, 2^tau) fails a device-side assertion (no host synchronisation);
@@ -454,79 +455,157 @@ struct IndexedSide {
   bool queries;      // names the codes in the range assertion
 };
 
-// One warp per segment (b, h) = (segment / m, segment % m) of side0, then of side1 (warps past
-// num_segments, when two sides are indexed in one launch). Walks the rows in index order 32 at a
-// time: the lanes holding one code find each other with __match_any_sync, the lowest of them adds
-// their count (a histogram without atomics); a warp scan turns the counts into bucket starts; a
-// second walk places each row at its bucket's cursor plus its rank among its peers and advances the
-// cursor, which leaves bucket_end[code] = the end of bucket `code`.
-__global__ void __launch_bounds__(kBlock) bucket_index_kernel(IndexedSide side0, IndexedSide side1,
-                                                              int64_t num_segments, int num_sides, int num_hashes,
-                                                              int hash_bits) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (warp >= num_sides * num_segments) {
-    return;  // warp-uniform
+// Rows bucket_index_kernel sorts at a time (a round): 2^kRoundBits 8-byte keys, 16 KB of shared memory.
+constexpr int kRoundBits = 11;
+constexpr int kIndexRound = 1 << kRoundBits;
+constexpr key_t kNoRow = ~0ull;  // the sort key of a padded row (or one past the end): last
+constexpr int kScanItems = 8;    // bucket counts per thread in each tile of the scan
+
+// The exclusive prefix sum of one value per thread of the block (kBlock threads), and in `total`
+// the block's sum. warp_totals: kWarpsPerBlock ints of shared memory, free again on return.
+__device__ int block_exclusive_sum(int value, int* warp_totals, int& total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < kWarp; offset <<= 1) {
+    const int below = __shfl_up_sync(kFullMask, inclusive, offset);
+    inclusive += lane >= offset ? below : 0;
   }
-  const bool second = warp >= num_segments;
-  const IndexedSide& side = second ? side1 : side0;
-  const int64_t segment = second ? warp - num_segments : warp;
+  if (lane == kWarp - 1) {
+    warp_totals[warp] = inclusive;
+  }
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    before += w < warp ? warp_totals[w] : 0;
+    total += warp_totals[w];
+  }
+  __syncthreads();  // every thread has read warp_totals before the next call writes it
+  return before + inclusive - value;
+}
+
+// Sorts keys[0, count) ascending (count a power of two) with a bitonic network, every thread of the
+// block comparing pairs; ends with a barrier.
+__device__ void block_sort(key_t* keys, int count) {
+  for (int size = 2; size <= count; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      for (int pair = threadIdx.x; pair < count / 2; pair += blockDim.x) {
+        const int lo = 2 * pair - (pair & (stride - 1));  // pairs (lo, lo + stride), in groups of stride
+        const key_t a = keys[lo], b = keys[lo + stride];
+        if ((a > b) == ((lo & size) == 0)) {  // ascending where bit `size` of lo is clear
+          keys[lo] = b;
+          keys[lo + stride] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// One block per segment (b, h) = (segment / m, segment % m) of side0, then of side1 (the blocks past
+// num_segments, when two sides are indexed in one launch): the warps of a block share one segment,
+// so that a few long segments (n = 65536 with two heads: 64 segments) still fill the GPU.
+// Two passes over the rows, `round` rows at a time (a power of two, at most kIndexRound). The block
+// sorts each round's keys (code << kRoundBits | row's place in the round; padded rows last) in
+// shared memory, so each bucket's rows of the round form one run in index order, and only the run's
+// first row (its head, at sorted position p_head) and last (its tail, p_tail) touch the bucket's
+// entry of the table, between barriers: the head subtracts p_head, the tail adds p_tail + 1, which
+// adds the run's length. The first pass counts; an exclusive scan turns the counts into bucket
+// starts; in the second, between the head's and the tail's update, every row of the run is placed at
+// the entry plus its sorted position (the cursor plus its place in the run). The rounds run in index
+// order, so a bucket holds its rows in index order, and the table ends as bucket_end[code] = the end
+// of bucket `code`. A segment of one round sorts it once.
+__global__ void __launch_bounds__(kBlock) bucket_index_kernel(IndexedSide side0, IndexedSide side1,
+                                                              int64_t num_segments, int num_hashes, int hash_bits,
+                                                              int round) {
+  __shared__ key_t keys[kIndexRound];
+  __shared__ int warp_totals[kWarpsPerBlock];
+  const bool second = blockIdx.x >= num_segments;
+  const IndexedSide side = second ? side1 : side0;  // a copy in registers, not a parameter reached through the stack
+  const int64_t segment = second ? blockIdx.x - num_segments : blockIdx.x;
   const int64_t num_rows = side.length;
   const int64_t b = segment / num_hashes;
   const int h = static_cast<int>(segment % num_hashes);
   const int64_t buckets = int64_t(1) << hash_bits;
   int* ends = side.bucket_end + segment * buckets;
   int* segment_rows = side.rows + segment * num_rows;
-  for (int64_t c = lane; c < buckets; c += kWarp) {
+  for (int64_t c = threadIdx.x; c < buckets; c += blockDim.x) {
     ends[c] = 0;
   }
-  __syncwarp();
   for (int pass = 0; pass < 2; ++pass) {
+    __syncthreads();  // the table (zeros, then the counts) is visible to every thread
     if (pass == 1) {  // counts -> exclusive starts (the cursors of the placement pass)
       int carry = 0;
-      for (int64_t c0 = 0; c0 < buckets; c0 += kWarp) {
-        const int64_t c = c0 + lane;
-        const int count = c < buckets ? ends[c] : 0;
-        int inclusive = count;
+      for (int64_t tile = 0; tile < buckets; tile += int64_t(kBlock) * kScanItems) {
+        const int64_t first = tile + int64_t(threadIdx.x) * kScanItems;
+        int counts[kScanItems];
+        int sum = 0;
 #pragma unroll
-        for (int offset = 1; offset < kWarp; offset <<= 1) {
-          const int below = __shfl_up_sync(kFullMask, inclusive, offset);
-          inclusive += lane >= offset ? below : 0;
+        for (int k = 0; k < kScanItems; ++k) {
+          counts[k] = first + k < buckets ? ends[first + k] : 0;
+          sum += counts[k];
         }
-        if (c < buckets) {
-          ends[c] = carry + inclusive - count;
+        int total;
+        int start = carry + block_exclusive_sum(sum, warp_totals, total);
+#pragma unroll
+        for (int k = 0; k < kScanItems; ++k) {
+          if (first + k < buckets) {
+            ends[first + k] = start;
+          }
+          start += counts[k];
         }
-        carry += __shfl_sync(kFullMask, inclusive, kWarp - 1);
+        carry += total;
       }
-      __syncwarp();
+      __syncthreads();
     }
-    for (int64_t j0 = 0; j0 < num_rows; j0 += kWarp) {
-      const int64_t j = j0 + lane;
-      int code = -1;  // no bucket: past the end or padded
-      if (j < num_rows) {
-        const int row_code = side.codes[(b * num_rows + j) * num_hashes + h];
-        const bool in_range = (static_cast<unsigned>(row_code) >> hash_bits) == 0u;
-        CUDA_KERNEL_ASSERT_MSG(in_range || side.queries,
-                               "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
-                               "with the same hash_bits");
-        CUDA_KERNEL_ASSERT_MSG(in_range || !side.queries,
-                               "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from hash_codes "
-                               "with the same hash_bits");
-        code = side.mask[b * num_rows + j] ? row_code : -1;
-      }
-      const unsigned peers = __match_any_sync(kFullMask, code);
-      const bool leader = lane == __ffs(peers) - 1;
-      const int cursor = code >= 0 ? ends[code] : 0;
-      __syncwarp();  // every peer has read the cursor before its leader moves it
-      if (code >= 0) {
-        if (pass == 1) {
-          segment_rows[cursor + __popc(peers & ((1u << lane) - 1u))] = static_cast<int>(j);
+    for (int64_t round0 = 0; round0 < num_rows; round0 += round) {
+      if (pass == 0 || num_rows > round) {
+        for (int i = threadIdx.x; i < round; i += blockDim.x) {
+          const int64_t j = round0 + i;
+          key_t key = kNoRow;
+          if (j < num_rows) {
+            const int row_code = side.codes[(b * num_rows + j) * num_hashes + h];
+            const bool in_range = (static_cast<unsigned>(row_code) >> hash_bits) == 0u;
+            CUDA_KERNEL_ASSERT_MSG(in_range || side.queries,
+                                   "key_codes holds hash codes outside [0, 2^hash_bits): codes must come from "
+                                   "hash_codes with the same hash_bits");
+            CUDA_KERNEL_ASSERT_MSG(in_range || !side.queries,
+                                   "query_codes holds hash codes outside [0, 2^hash_bits): codes must come from "
+                                   "hash_codes with the same hash_bits");
+            if (side.mask[b * num_rows + j]) {
+              key = (static_cast<key_t>(row_code) << kRoundBits) | static_cast<unsigned>(i);
+            }
+          }
+          keys[i] = key;
         }
-        if (leader) {
-          ends[code] = cursor + __popc(peers);
-        }
+        __syncthreads();
+        block_sort(keys, round);
       }
-      __syncwarp();
+      for (int step = 0; step < 3; ++step) {  // the heads, then (placing) every row, then the tails
+        if (step == 1 && pass == 0) {
+          continue;
+        }
+        for (int p = threadIdx.x; p < round; p += blockDim.x) {
+          const key_t key = keys[p];
+          if (key == kNoRow) {
+            continue;
+          }
+          const int64_t code = static_cast<int64_t>(key >> kRoundBits);
+          const bool head = p == 0 || (keys[p - 1] >> kRoundBits) != (key >> kRoundBits);
+          const bool tail = p == round - 1 || (keys[p + 1] >> kRoundBits) != (key >> kRoundBits);
+          if (step == 0 && head) {
+            ends[code] -= p;
+          }
+          if (step == 1) {
+            segment_rows[ends[code] + p] = static_cast<int>(round0 + static_cast<int64_t>(key & (kIndexRound - 1)));
+          }
+          if (step == 2 && tail) {
+            ends[code] += p + 1;
+          }
+        }
+        __syncthreads();
+      }
     }
   }
 }
@@ -1361,19 +1440,27 @@ struct BucketIndex {
 void index_buckets(const Side* sides, int num_sides, int hash_bits, BucketIndex* index, cudaStream_t stream) {
   const int64_t segments = sides[0].codes.size(0) * sides[0].codes.size(2);
   IndexedSide indexed[2];
+  int64_t longest = 0;
   for (int s = 0; s < num_sides; ++s) {
     const int64_t length = sides[s].codes.size(1);
+    longest = std::max(longest, length);
     index[s].bucket_end = at::empty({segments << hash_bits}, sides[s].codes.options());
     index[s].rows = at::empty({segments * length}, sides[s].codes.options());
     indexed[s] = IndexedSide{sides[s].codes.data_ptr<int>(), sides[s].mask.data_ptr<bool>(),
                              index[s].bucket_end.data_ptr<int>(), index[s].rows.data_ptr<int>(), length, sides[s].queries};
   }
   if (num_sides == 1) {
-    indexed[1] = indexed[0];  // never read: no warp past the first side's segments
+    indexed[1] = indexed[0];  // never read: no block past the first side's segments
   }
   if (segments > 0) {
-    bucket_index_kernel<<<warp_grid(num_sides * segments), kBlock, 0, stream>>>(
-        indexed[0], indexed[1], segments, num_sides, static_cast<int>(sides[0].codes.size(2)), hash_bits);
+    int round = 2;  // the rows sorted at a time: a power of two, at most kIndexRound
+    while (round < longest && round < kIndexRound) {
+      round *= 2;
+    }
+    TORCH_CHECK(num_sides * segments <= std::numeric_limits<int32_t>::max(), "yoso: too many hashes x batch rows (",
+                num_sides * segments, ") for one launch");
+    bucket_index_kernel<<<static_cast<unsigned>(num_sides * segments), kBlock, 0, stream>>>(
+        indexed[0], indexed[1], segments, static_cast<int>(sides[0].codes.size(2)), hash_bits, round);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
