@@ -220,8 +220,12 @@ RULES = [
         not_run="reads a campaign or the archive of one; tests/lra/test_campaign.py starts one, polls it, packs and unpacks it",
     ),
     Rule(
-        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site|cp -r results/.* \$OUT/$)",
+        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site)",
         not_run="a GPU window's command, on the GPU machine",
+    ),
+    Rule(
+        r"^tar -xzf \S+\.tar\.gz -C results$",
+        not_run="unpacks a GPU window's archive (on the GPU machine or back here); tests/lra/test_bench_gpu.py unpacks one",
     ),
     Rule(r"^(mkdir -p \.whl|cp \.\./shared/device-wheels/)", not_run="copies the wheels a GPU window installs into the checkout"),
     Rule(
