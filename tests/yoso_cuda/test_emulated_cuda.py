@@ -88,8 +88,6 @@ CASES = [
         num_hashes=33,
         chunk_bytes=20_000,
     ),
-    # The transposed direction's heavy buckets: buckets of ~350 queries, which the keys look up in
-    # lsh_weighted_cumulation_both.
     # bucket_index_kernel sorts 2048 rows at a time: buckets of ~470 keys that span two rounds, the
     # first round all real keys (few queries, so that the collided gradient's pairs stay few).
     Case(
@@ -104,6 +102,8 @@ CASES = [
         dtypes=(torch.float32,),
         unpadded_first_row=True,
     ),
+    # The transposed direction's heavy buckets: buckets of ~350 queries, which the keys look up in
+    # lsh_weighted_cumulation_both.
     Case(
         "crowded_queries",
         batch=2,
