@@ -15,8 +15,12 @@ A library that links its own copy of the C++ standard library (a compiler set up
 iostreams' locale is not torch's: formatting a number into an error message (a bad argument, an
 out-of-memory) crashed the process with a segmentation fault on an H100 machine whose ``CXX``
 wrapper links this way, and cut the message short at its first number on this project's CPU
-machine (``-static-libstdc++``). Such a library is reported as unsafe, with the fix (another
-``CXX``), and is an error under ``YOSO_KERNELS=require``.
+machine (``-static-libstdc++``). So before compiling, a ``CXX`` is probed (a one-function shared
+library, well under a second): one that links ``libstdc++`` statically is replaced, for this build
+only and with a note in the report, by the first system compiler that links it dynamically
+(``/usr/bin/g++``, ``/usr/bin/c++``, ``/usr/bin/clang++``, ``g++`` or ``c++`` on the PATH), with its
+C compiler as ``CC`` (nvcc's host compiler). Where none does, the library is built with ``CXX``,
+reported as unsafe with the fix, and is an error under ``YOSO_KERNELS=require``.
 
 A CUDA-side failure (no toolkit, a version mismatch, a compile error) never costs the CPU kernels:
 each library is built and loaded on its own and the report says why one is missing.
@@ -38,13 +42,16 @@ no other build can be running, so such a file is a leftover of a killed build an
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import re
+import shlex
 import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,12 +257,95 @@ def private_cpp_runtime(path: Path) -> str | None:
     needed = needed_libraries(path)
     if needed is None or any(name.startswith(("libstdc++", "libc++")) for name in needed):
         return None
+    if os.environ.get("CXX"):
+        compiler = (
+            f"the compiler {os.environ['CXX']} (from CXX) links libstdc++ statically, and none of the system compilers "
+            f"tried ({', '.join(SYSTEM_COMPILERS)}) links it dynamically"
+        )
+    else:
+        compiler = "the default compiler (c++, CXX is unset) links libstdc++ statically"
     return (
         f"it links its own static copy of the C++ standard library (no libstdc++.so among its dependencies), so its "
-        f"errors crash the process or lose their message; the compiler {os.environ.get('CXX', 'c++')} "
-        "(from CXX) links libstdc++ statically: set CXX to one that links it dynamically (e.g. CXX=/usr/bin/g++) "
-        "and rebuild with `python -m yoso_cuda`"
+        f"errors crash the process or lose their message; {compiler}: set CXX to a compiler that links it "
+        "dynamically and rebuild with `python -m yoso_cuda`"
     )
+
+
+# Tried in order when CXX links libstdc++ statically; the distribution's compilers link it dynamically.
+SYSTEM_COMPILERS = ("/usr/bin/g++", "/usr/bin/c++", "/usr/bin/clang++", "g++", "c++")
+# The probe uses iostreams, what the library's error messages go through (TORCH_CHECK formats with them).
+PROBE_SOURCE = """#include <sstream>
+#include <string>
+std::string probe(int x) { std::ostringstream s; s << x; return s.str(); }
+"""
+
+
+@functools.cache
+def links_cpp_runtime_statically(compiler: str) -> bool | None:
+    """Whether the shared libraries ``compiler`` (a command line, as ``CXX`` holds) builds carry their
+    own copy of the C++ standard library; None where it cannot tell (it fails, or the platform's
+    libraries are not ELF)."""
+    with tempfile.TemporaryDirectory() as folder:
+        source, library = Path(folder, "probe.cpp"), Path(folder, "probe.so")
+        source.write_text(PROBE_SOURCE)
+        try:
+            subprocess.run(
+                [*shlex.split(compiler), "-shared", "-fPIC", str(source), "-o", str(library)],
+                capture_output=True,
+                timeout=120,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        needed = needed_libraries(library)
+    return None if needed is None else not any(name.startswith(("libstdc++", "libc++")) for name in needed)
+
+
+def c_compiler_beside(cxx: str) -> str | None:
+    """The C compiler that goes with the C++ compiler at ``cxx`` (``g++-13`` -> ``gcc-13``), if it exists."""
+    path = Path(cxx)
+    for cpp, c in (("clang++", "clang"), ("g++", "gcc"), ("c++", "cc")):
+        if cpp in path.name:
+            sibling = path.with_name(path.name.replace(cpp, c, 1))
+            return str(sibling) if sibling.is_file() else None
+    return None
+
+
+def compiler_override() -> tuple[dict[str, str], str | None]:
+    """The ``CXX`` (and ``CC``) to build with in place of a ``CXX`` that links libstdc++ statically, and
+    the note saying so; nothing when ``CXX`` is unset or safe, or when no system compiler is."""
+    configured = os.environ.get("CXX")
+    if not configured or not links_cpp_runtime_statically(configured):
+        return {}, None
+    for candidate in SYSTEM_COMPILERS:
+        found = shutil.which(candidate)
+        if found and links_cpp_runtime_statically(found) is False:
+            environment = {"CXX": found}
+            cc = c_compiler_beside(found)
+            if cc:
+                environment["CC"] = cc
+            note = (
+                f"CXX={configured} links libstdc++ statically (the kernels' errors would crash the process), so they "
+                f"were built with {' '.join(f'{k}={v}' for k, v in environment.items())}; set CXX to another compiler "
+                "that links libstdc++ dynamically to choose it"
+            )
+            return environment, note
+    return {}, None
+
+
+@contextmanager
+def environment(overrides: dict[str, str]):
+    """``os.environ`` with ``overrides`` (torch's extension builder reads ``CXX`` and ``CC`` from it) while inside."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def needs_compiling(library: Path, sources: list[Path]) -> bool:
@@ -328,8 +418,13 @@ def build(verbose: bool = False) -> BuildReport:
         report.cpu.reason = report.cuda.reason = f"disabled by YOSO_KERNELS={report.setting}"
         return report
     report.cpu.wanted = True
-    _load(report.cpu, [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp"], verbose, _openmp_flags())
-    _build_cuda(report, verbose)
+    overrides, note = compiler_override()
+    with environment(overrides):
+        _load(report.cpu, [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp"], verbose, _openmp_flags())
+        _build_cuda(report, verbose)
+    for library in report.libraries:
+        if note and library.loaded:
+            library.notes.append(note)
     if report.setting == "require" and (report.missing or report.unsafe):
         raise KernelBuildError(report)
     return report
