@@ -112,7 +112,7 @@ class StepResult:
     figures: list[str]  # key figures, one line each (markdown)
     log: str | None = None  # the step's full output, relative to --out
     finished_at: str = ""
-    earlier: dict | None = None  # skipped for --budget: the result it had before (itself never a skipped one)
+    earlier: dict | None = None  # skipped: the result it had before (itself never a skipped one)
 
 
 def compute_sanitizer() -> str | None:
@@ -314,6 +314,15 @@ def sanitizer_figures(log: str) -> list[str]:
     return lines + pytest_figures(log)
 
 
+def stale(path: Path, since: float | None) -> str | None:
+    """Why ``path`` is not the output of a step started at ``since`` (``time.time()``): missing, or older."""
+    if not path.exists():
+        return f"wrote no {path.name}"
+    if since is not None and path.stat().st_mtime < since:
+        return f"wrote no {path.name} (the one there is an earlier run's, left as it was)"
+    return None
+
+
 def kernels_figures(out: Path) -> list[str]:
     """Per dtype and head dim, at the longest length YOSO-32 ran: its forward+backward time and the fastest softmax's."""
     rows = read_csv(out / "kernels_cuda.csv")
@@ -464,8 +473,14 @@ def step_figures(out: Path) -> tuple[list[str], bool]:
     return figures, bool(floor)
 
 
-def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[str], bool]:
-    """The step's key figures and whether its outputs hold up (beyond its exit status)."""
+OUTPUTS = {"kernels": "kernels_cuda.csv", "efficiency": "efficiency_cuda.csv", "step": "train_cuda.csv"}
+
+
+def figures_for(name: str, log: str, out: Path, train_dir: Path, since: float | None = None) -> tuple[list[str], bool]:
+    """The step's key figures and whether its outputs hold up (beyond its exit status); with ``since`` (when
+    the step started, ``time.time()``), an output file older than the step is not read as its result."""
+    if name in OUTPUTS and (note := stale(out / OUTPUTS[name], since)):
+        return [note], False
     if name == "check":
         return check_figures(log), True
     if name == "tests":
@@ -479,14 +494,14 @@ def figures_for(name: str, log: str, out: Path, train_dir: Path) -> tuple[list[s
     if name == "step":
         return step_figures(out)
     if name == "cells":
-        return cells_figures(out)
+        return cells_figures(out, since)
     return train_figures(train_dir, out)
 
 
-def cells_figures(out: Path) -> tuple[list[str], bool]:
+def cells_figures(out: Path, since: float | None = None) -> tuple[list[str], bool]:
     """Cells per hour at each K, from the newest cells_per_hour_cuda*.csv; whether every copy finished."""
     curves = sorted(out.glob("cells_per_hour_cuda*.csv"), key=lambda path: path.stat().st_mtime)
-    rows = read_csv(curves[-1]) if curves else []
+    rows = read_csv(curves[-1]) if curves and not stale(curves[-1], since) else []
     figures = [
         f"K={r['parallel']}: {r['cells_per_hour']} cells of {r['paper_steps']} steps per hour (x{r['speedup']}), "
         f"{r['finished']} finished in {r['wall_s']} s"
@@ -564,6 +579,7 @@ def load_record(out: Path, order: list[str]) -> dict:
 # ---- the run: a budget for the whole command, an archive after every step ------------------------
 
 MIN_STEP_S = 30.0  # --budget: a step starts only while at least this much of the budget is left
+KERNEL_STEPS = ("tests", "memcheck", "racecheck", "kernels")  # nothing to do without YOSO's CUDA kernels
 ARCHIVE_SKIPS = (".ckpt", ".pt", ".pth", ".partial")  # never archived: checkpoints, unfinished archives
 ARCHIVE_LIMIT = 16 * 2**20  # what one file back from a lent machine may weigh
 
@@ -597,6 +613,11 @@ def write_archive(path: Path, out: Path, names: list[str]) -> int:
     return path.stat().st_size
 
 
+def broken_cuda_kernels(figure: str) -> bool:
+    """Whether a line of the check's figures says the CUDA library did not load or cannot be used."""
+    return figure.startswith("cuda kernels:") and ("FAILED" in figure or "UNSAFE" in figure)
+
+
 def run_steps(
     steps: list[Step],
     out: Path,
@@ -612,15 +633,18 @@ def run_steps(
 
     With ``budget``, seconds from ``started`` (``time.monotonic()``, default now): a step's timeout is at most what is
     left, and a step is skipped, with the reason, when less than ``min_step_s`` (:data:`MIN_STEP_S`) is left (so are all
-    after it)."""
+    after it). When the check finds the CUDA kernels unbuilt or unsafe, the :data:`KERNEL_STEPS` after it are skipped too
+    (each would rebuild and fail the same way). A skipped step keeps its earlier result beside the reason."""
     started = time.monotonic() if started is None else started
     min_step_s = MIN_STEP_S if min_step_s is None else min_step_s
     before = snapshot(out) if archive else {}
     leave_out = {archive.resolve(), archive.resolve().with_name(archive.name + ".partial")} if archive else set()
-    statuses = []
+    statuses, no_kernels = [], None
     for step in steps:
         log_path = out / SUMMARY / f"{step.name}.log"
         earlier, capped = None, None
+        if no_kernels and step.name in KERNEL_STEPS and not step.skip_reason:
+            step.skip_reason = no_kernels
         if budget is not None and not step.skip_reason:
             left = budget - (time.monotonic() - started)
             if left < min_step_s:
@@ -628,16 +652,17 @@ def run_steps(
                     f"no time left in --budget {budget:.0f} s: {max(left, 0):.0f} s left, "
                     f"a step starts only with at least {min_step_s:.0f} s"
                 )
-                kept = record["steps"].get(step.name)
-                earlier = kept.get("earlier") if kept and kept["status"] == "skipped" else kept
             elif left < step.timeout_s:
                 capped, step.timeout_s = step.timeout_s, left
         if step.skip_reason:
             status, duration, figures, log = "skipped", 0.0, [step.skip_reason], None
+            kept = record["steps"].get(step.name)
+            earlier = kept.get("earlier") if kept and kept["status"] == "skipped" else kept
         else:
             print(f"[{step.name}] {' '.join(step.command)}", flush=True)
+            since = time.time()
             status, duration = run_step(step, log_path)
-            figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir)
+            figures, holds = figures_for(step.name, log_path.read_text(errors="replace"), out, train_dir, since)
             status = "failed" if status == "passed" and not holds else status
             if status == "timeout" and capped:
                 figures = [
@@ -656,6 +681,11 @@ def run_steps(
             earlier,
         )
         statuses.append(status)
+        if step.name == "check" and status != "passed" and any(broken_cuda_kernels(figure) for figure in figures):
+            no_kernels = (
+                f"the CUDA kernels did not build or are unsafe (check, {SUMMARY}/check.log): "
+                f"{', '.join(KERNEL_STEPS)} have nothing to run until that is fixed"
+            )
         record["steps"][step.name] = asdict(result)
         record["steps"] = {name: record["steps"][name] for name in order if name in record["steps"]}
         save(out, record)  # after every step, so an interrupted run keeps what it measured

@@ -232,6 +232,49 @@ def test_a_budget_caps_the_running_step_and_skips_the_steps_it_leaves_no_time_fo
     assert gpu.run_steps([quick], out, tmp_path / "train", record, STEPS) == ["passed"] and quick.timeout_s == 540
 
 
+UNBUILT = (
+    "print('cpu kernels: loaded (/x/yoso_kernels_cpu.so)'); "
+    "print('cuda kernels: FAILED: it links its own static copy of the C++ standard library'); raise SystemExit(1)"
+)
+
+
+def test_kernels_that_did_not_build_skip_the_steps_that_test_or_time_them(tmp_path):
+    """A window's first call once ran tests, memcheck, racecheck and kernels after the build had
+    failed, each rebuilding and failing the same way; now they are skipped and step still runs."""
+    out = tmp_path / "results"
+    out.mkdir()
+    record = {**gpu.load_record(out, STEPS), "machine": {"device": "a stand-in GPU"}}
+    earlier = gpu.StepResult("kernels", "old", "passed", 55.0, ["yoso_32 1.5 ms"], "k.log", "2026-11-25")
+    record["steps"]["kernels"] = earlier.__dict__
+    ran = "print('ran')"
+    steps = [gpu.Step("check", [sys.executable, "-c", UNBUILT], 60)]
+    steps += [gpu.Step(name, [sys.executable, "-c", ran], 60) for name in ("tests", "memcheck", "kernels", "step")]
+    statuses = gpu.run_steps(steps, out, tmp_path / "train", record, STEPS)
+    assert statuses == ["failed", "skipped", "skipped", "skipped", "failed"]
+    saved = json.loads((out / "gpu_validation_cuda.json").read_text())["steps"]
+    reason = saved["tests"]["figures"][0]
+    assert reason.startswith("the CUDA kernels did not build or are unsafe (check, gpu_validation_cuda/check.log)")
+    assert saved["kernels"]["figures"] == [reason] and saved["kernels"]["earlier"] == earlier.__dict__
+    assert saved["step"]["figures"] == ["wrote no train_cuda.csv"]  # it ran: none and softmax need no kernels
+
+    # A check that fails on a wrong result, with the kernels built, still lets the tests show where.
+    steps = [gpu.Step("check", [sys.executable, "-c", "print('cuda  lsh_cumulation  FAIL  max |error| 1'); exit(1)"], 60)]
+    steps += [gpu.Step("tests", [sys.executable, "-c", ran], 60)]
+    assert gpu.run_steps(steps, out, tmp_path / "train", record, STEPS) == ["failed", "passed"]
+
+
+def test_an_output_older_than_its_step_is_not_read_as_the_steps_result(tmp_path):
+    """A kernels step that failed before writing once showed the rows of an earlier run as its own."""
+    out, train_dir = tmp_path / "results", tmp_path / "outputs"
+    out.mkdir()
+    fake_outputs(out, train_dir)
+    figures, holds = gpu.figures_for("kernels", "", out, train_dir, since=time.time() + 5)
+    assert figures == ["wrote no kernels_cuda.csv (the one there is an earlier run's, left as it was)"] and not holds
+    figures, holds = gpu.figures_for("kernels", "", out, train_dir, since=time.time() - 60)
+    assert holds and "yoso_32 25.50 ms" in figures[0]
+    assert gpu.figures_for("efficiency", "", out / "empty", train_dir, since=0.0) == (["wrote no efficiency_cuda.csv"], False)
+
+
 WRITES = """from pathlib import Path; import sys; out = Path(sys.argv[1])
 (out / 'kernels_cuda.csv').write_text('method,time_ms\\nyoso_32,1.5\\n')
 (out / 'train_cuda_profile').mkdir(); (out / 'train_cuda_profile' / 'none.txt').write_text('a profile')
