@@ -248,14 +248,20 @@ def needed_libraries(path: Path) -> list[str] | None:
     return needed
 
 
+def carries_cpp_runtime(path: Path) -> bool | None:
+    """Whether the shared library at ``path`` carries its own C++ standard library: it depends on
+    neither the shared ``libstdc++`` nor ``libc++`` (which it would share with torch); None where it is
+    not ELF."""
+    needed = needed_libraries(path)
+    return None if needed is None else not any(name.startswith(("libstdc++", "libc++")) for name in needed)
+
+
 def private_cpp_runtime(path: Path) -> str | None:
     """Why the errors that the library at ``path`` raises are broken, or None.
 
-    A C++ library linked against the shared ``libstdc++`` (or ``libc++``) shares torch's; one that
-    depends on neither carries a static copy whose iostreams do not share torch's locale, so
-    formatting a number into an error message (``TORCH_CHECK``) crashes or truncates it."""
-    needed = needed_libraries(path)
-    if needed is None or any(name.startswith(("libstdc++", "libc++")) for name in needed):
+    A library with its own static copy of the C++ standard library has iostreams that do not share
+    torch's locale, so formatting a number into an error message (``TORCH_CHECK``) crashes or truncates it."""
+    if not carries_cpp_runtime(path):
         return None
     if os.environ.get("CXX"):
         compiler = (
@@ -297,8 +303,7 @@ def links_cpp_runtime_statically(compiler: str) -> bool | None:
             )
         except (OSError, subprocess.SubprocessError):
             return None
-        needed = needed_libraries(library)
-    return None if needed is None else not any(name.startswith(("libstdc++", "libc++")) for name in needed)
+        return carries_cpp_runtime(library)
 
 
 def c_compiler_beside(cxx: str) -> str | None:

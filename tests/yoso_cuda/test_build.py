@@ -264,13 +264,17 @@ def static_cxx(folder: Path) -> Path:
     wrapper = folder / "static-cxx"
     wrapper.write_text('#!/bin/sh\nexec c++ "$@" -static-libstdc++\n')
     wrapper.chmod(0o755)
-    if build.links_cpp_runtime_statically(str(wrapper)) is not True:
+    # Checked by hand, not with the probe under test: a library the wrapper links must carry libstdc++.
+    (folder / "check.cpp").write_text(build.PROBE_SOURCE)
+    linked = subprocess.run([str(wrapper), "-shared", "-fPIC", str(folder / "check.cpp"), "-o", str(folder / "check.so")])
+    if linked.returncode != 0 or build.carries_cpp_runtime(folder / "check.so") is not True:
         pytest.skip("this compiler cannot link libstdc++ statically into a shared library")
     return wrapper
 
 
 def test_the_probe_tells_a_static_libstdcxx_compiler_from_a_dynamic_one(tmp_path, monkeypatch):
     wrapper = static_cxx(tmp_path)
+    assert build.links_cpp_runtime_statically(str(wrapper)) is True
     safe = next((found for name in build.SYSTEM_COMPILERS if (found := shutil.which(name))), None)
     assert safe is not None and build.links_cpp_runtime_statically(safe) is False
     assert build.links_cpp_runtime_statically(str(tmp_path / "no-such-compiler")) is None
