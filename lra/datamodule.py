@@ -47,9 +47,21 @@ class LRADataModule(pl.LightningDataModule):
     As in the original protocol, training and validation draw shuffled batches and drop the last
     partial one (each evaluation then sees a fresh random subset of validation batches); the test
     set is read once, in order and in full.
+
+    ``pin_memory``: whether batches come in page-locked memory; by default (``None``) when the attached Trainer
+    computes on a CUDA device (:meth:`on_gpu`). A loop without a Trainer that copies batches to a GPU says ``True``.
     """
 
-    def __init__(self, task: str, seq_len: int, data: dict[str, Any], batch_size: int, num_workers: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        task: str,
+        seq_len: int,
+        data: dict[str, Any],
+        batch_size: int,
+        num_workers: int = 0,
+        seed: int = 0,
+        pin_memory: bool | None = None,
+    ):
         super().__init__()
         self.task = task
         self.seq_len = seq_len
@@ -57,6 +69,7 @@ class LRADataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
+        self.pin_memory = pin_memory
         self.task_data: TaskData | None = None
 
     def prepare_data(self) -> None:
@@ -94,7 +107,7 @@ class LRADataModule(pl.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             # Batches in page-locked memory for a GPU: Lightning's copy to the device (non_blocking) is then truly
             # asynchronous, where a copy from pageable memory waits for the host to stage it.
-            pin_memory=self.on_gpu(),
+            pin_memory=self.on_gpu() if self.pin_memory is None else self.pin_memory,
         )
 
     def on_gpu(self) -> bool:

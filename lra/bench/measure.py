@@ -46,6 +46,18 @@ def time_calls(run: Callable[[], object], device: torch.device, repeats: int) ->
     return times
 
 
+def back_to_back(run: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Milliseconds per call of ``run`` over ``repeats`` calls one after another, the device synchronised once, after
+    the last: a loop that does not wait for the device between calls, where the host prepares and launches one call
+    while the device still works on the one before (:func:`time_calls` waits after each call, which adds the two)."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / repeats
+
+
 class MemoryMeter:
     """Peak memory of a block of work above a baseline: CUDA allocations, or the process's resident set.
 

@@ -23,10 +23,11 @@ graphs); the compilation (the call and the first step, where ``torch.compile`` c
 (``compile_s``), never in the step.
 
 ``--profile``: after a cell's timing, :data:`PROFILED_STEPS` more steps under ``torch.profiler``, written to
-``<out>/train_<device type>_profile/<cell>.txt``: per phase of the step (zero_grad, forward, backward, optimizer,
-schedule) the host's milliseconds and, on a GPU, the kernels launched and their device milliseconds, then the
-profiler's table of operators. The row gets ``device_ms`` (the device's busy time per step, kernels and copies) and
-``kernels`` (launched per step): a step far longer than its ``device_ms`` waits on the host.
+``<out>/train_<device type>_profile/<task>_n<n>_<attention>[_data_loading]_<variant>.txt``: per phase of the step
+(zero_grad, forward, backward, optimizer, schedule) the host's milliseconds and, on a GPU, the kernels launched and
+their device milliseconds, then the profiler's table of operators. The row gets ``device_ms`` (the device's busy
+time per step, kernels and copies) and ``kernels`` (launched per step): a step far longer than its ``device_ms``
+waits on the host.
 
 Batches, data loading excluded: one random batch per cell in the shape of the task's batches (``input_ids``, or
 ``input_ids_0`` and ``input_ids_1``, and ``label``), already on the device (:func:`random_batch`).
@@ -34,14 +35,19 @@ Batches, data loading excluded: one random batch per cell in the shape of the ta
 Data loading included: one more line per task, at its first length, with the ``none`` attention (the floor, where
 loading weighs most; the first selected attention when ``none`` is not), whose every step first takes the next batch
 of the task's real :class:`~lra.datamodule.LRADataModule` (``num_workers`` of ``conf/trainer``) and moves it to the
-device, as the Trainer does. It reads the task's data where it is present (official files, or a cache prepared or
-generated before) at the task's own length; otherwise ListOps is generated, small (the steps' batches), in a temporary
-folder, with the generator's lengths scaled to n; any other task's line is recorded as ``skipped``, with the reason.
-Nothing is downloaded.
+device (``non_blocking``, from page-locked memory on a GPU), as the Trainer does. It reads the task's data where it
+is present (official files, or a cache prepared or generated before) at the task's own length; otherwise ListOps is
+generated, small (the steps' batches), in a temporary folder, with the generator's lengths scaled to n; any other
+task's line is recorded as ``skipped``, with the reason. Nothing is downloaded.
 
 Time: the median (and standard deviation) of ``--steps`` timed steps, after ``--warmup`` warm-up steps, one untimed
 step for memory and :func:`~lra.bench.measure.time_calls`' own warm-up step, the device synchronised after each;
-samples per second = batch / step time. Noise, honestly reported: a cell whose timed steps spread more than
+samples per second = batch / step time. ``loop_ms`` and ``eval_loop_ms``: the same steps and evaluation batches,
+``--steps`` of each run back to back with the device synchronised once after them, per step, as ``lra.train``'s loop
+runs them (it waits for the device only where it writes a metrics row): the host's work on one step overlaps the
+device's on the step before, so where ``step_ms`` is the host's and the device's time in sequence, ``loop_ms`` is
+nearer the larger of the two, and a run's length is its steps times ``loop_ms`` (one measurement each, after the
+timed steps). Noise, honestly reported: a cell whose timed steps spread more than
 :data:`SPREAD_BOUND` of their median, (max - min) / median, is measured again (module built afresh), up to
 :data:`MAX_ATTEMPTS` times in all (both in ``--help``); the steadiest attempt is kept (``spread``, ``attempts``),
 and ``noisy`` is True when it still spreads more, which the printed line and the figure show too. A load that slows
@@ -86,7 +92,7 @@ from lra.bench.efficiency import (
     entries,
     is_out_of_memory,
 )
-from lra.bench.measure import MemoryMeter, synchronize, time_calls
+from lra.bench.measure import MemoryMeter, back_to_back, synchronize, time_calls
 from lra.bench.output import RESULTS, write_csv
 from lra.data import cache
 from lra.data.tasks import get_spec, resolve
@@ -121,6 +127,8 @@ FIELDS = [
     "samples_per_s",
     "ratio_to_none",
     "eval_ms",
+    "loop_ms",
+    "eval_loop_ms",
     "device_ms",
     "kernels",
     "memory_mb",
@@ -152,6 +160,8 @@ NUMBERS = (
     "attempts",
     "samples_per_s",
     "eval_ms",
+    "loop_ms",
+    "eval_loop_ms",
     "device_ms",
     "kernels",
     "memory_mb",
@@ -414,7 +424,9 @@ def loaded_batches(cfg: DictConfig, seq_len: int, batch: int, batches: int, devi
     (see :func:`loading_data`) and moves it to ``device``."""
     with tempfile.TemporaryDirectory(prefix="lra-bench-train-") as scratch:
         data, made_here = loading_data(cfg, seq_len, batch, batches, Path(scratch))
-        datamodule = LRADataModule(cfg.task.name, seq_len, data, batch, num_workers=cfg.num_workers, seed=cfg.seed)
+        datamodule = LRADataModule(
+            cfg.task.name, seq_len, data, batch, num_workers=cfg.num_workers, seed=cfg.seed, pin_memory=device.type == "cuda"
+        )  # pinned for a GPU, as lra.train's Trainer has them (a copy from pageable memory waits for the host to stage it)
         datamodule.prepare_data()
         datamodule.setup("fit")
         stream = endless(datamodule.train_dataloader())
@@ -423,7 +435,13 @@ def loaded_batches(cfg: DictConfig, seq_len: int, batch: int, batches: int, devi
 
 
 def measure_cell(
-    cfg: DictConfig, entry: Entry, seq_len: int, batch: int, next_batch: Callable[[], dict[str, torch.Tensor]], args
+    cfg: DictConfig,
+    entry: Entry,
+    seq_len: int,
+    batch: int,
+    next_batch: Callable[[], dict[str, torch.Tensor]],
+    data_loading: bool,
+    args,
 ) -> dict[str, Any]:
     """Build the module for ``entry`` and time its training step on ``next_batch()``'s batches; the row's measured part."""
     device = torch.device(args.device)
@@ -449,14 +467,18 @@ def measure_cell(
     memory = meter.peak_above_baseline()
     times = time_calls(lambda: step(next_batch()), device, args.steps)
     step_ms = round(statistics.median(times), 2)  # samples_per_s derives from the written figure so a row agrees with itself
+    loop_ms = back_to_back(lambda: step(next_batch()), device, args.steps)
     module.eval()
     eval_times = time_calls(lambda: step.evaluate(next_batch()), device, args.steps)
+    eval_loop_ms = back_to_back(lambda: step.evaluate(next_batch()), device, args.steps)
     module.train()
     device_ms, kernels = "", ""
     if args.profile:
         variant = "_".join(filter(None, [args.precision, "compiled" if args.compile else "", args.compile_mode or ""]))
-        name = f"{cfg.task.name}_n{seq_len}_{entry.row}_{variant}".replace("-", "_")
-        title = f"{cfg.task.name} n={seq_len} {entry.row}, batch {batch}, {variant}, on {device_name(device)}"
+        loading = "_data_loading" if data_loading else ""  # its own file: the row without loading has the same cell
+        name = f"{cfg.task.name}_n{seq_len}_{entry.row}{loading}_{variant}".replace("-", "_")
+        title = f"{cfg.task.name} n={seq_len} {entry.row}{' + data loading' if data_loading else ''}, batch {batch}, "
+        title += f"{variant}, on {device_name(device)}"
         path = args.out / f"train_{device.type}_profile" / f"{name}.txt"
         device_ms, kernels = profile_steps(step, next_batch, device, path, title)
     return {
@@ -465,6 +487,8 @@ def measure_cell(
         "step_ms_std": round(statistics.stdev(times), 2) if len(times) > 1 else 0.0,
         "samples_per_s": round(batch / step_ms * 1e3, 3),
         "eval_ms": round(statistics.median(eval_times), 2),
+        "loop_ms": round(loop_ms, 2),
+        "eval_loop_ms": round(eval_loop_ms, 2),
         "device_ms": device_ms,
         "kernels": kernels,
         "memory_mb": round(memory, 1),
@@ -481,7 +505,7 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
             stack.enter_context(address_space_limit(args.memory_limit_mb if device.type == "cpu" else None))
             if row["data_loading"]:
                 # every step of the cell's attempts, and padding_share's
-                batches = MAX_ATTEMPTS * (args.warmup + 2 * args.steps + 4 + args.compile + PROFILED_STEPS * args.profile) + 1
+                batches = MAX_ATTEMPTS * (args.warmup + 4 * args.steps + 4 + args.compile + PROFILED_STEPS * args.profile) + 1
                 next_batch, row["data_source"] = stack.enter_context(loaded_batches(cfg, seq_len, batch, batches, device))
             else:
                 tensors = {
@@ -491,7 +515,8 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
                 row["data_source"] = "random"
                 next_batch = itertools.repeat(tensors).__next__  # the same batch every step
             row["padding"] = round(padding_share(next_batch()), 3)
-            measured = measure_until_steady(lambda: measure_cell(cfg, entry, seq_len, batch, next_batch, args))
+            loading = row["data_loading"]
+            measured = measure_until_steady(lambda: measure_cell(cfg, entry, seq_len, batch, next_batch, loading, args))
             del measured["times"]
             row.update(measured)
     except Unavailable as reason:
@@ -572,6 +597,8 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "noisy": "",
             "samples_per_s": "",
             "eval_ms": "",
+            "loop_ms": "",
+            "eval_loop_ms": "",
             "device_ms": "",
             "kernels": "",
             "memory_mb": "",

@@ -178,17 +178,21 @@ def test_the_step_figures_check_the_none_listops_step_against_the_target(tmp_pat
         values.update(
             step_ms=step_ms, eval_ms=eval_ms, device_ms=0.4, kernels=12, compile_mode="reduce-overhead" if compiled else ""
         )
+        values.update(loop_ms=round(step_ms * 0.7, 2), eval_loop_ms=round(eval_ms * 0.5, 2))
         return values
 
     write_csv([row("none", False, 6.1, 2.0), row("softmax", False, 20.0, 5.0)], tmp_path / "train_cuda.csv", FIELDS)
     figures, holds = gpu.step_figures(tmp_path)
-    assert holds and figures[0].startswith("none eager: step 6.1 ms, evaluation batch 2.0 ms, device busy 0.4 ms in 12 kernels")
+    assert holds and figures[0].startswith(
+        "none eager: step 6.1 ms (4.27 back to back), evaluation batch 2.0 ms (1.0 back to back), device busy 0.4 ms in 12"
+    )
     assert "none step <= 3.0 ms: NOT met" in figures[-1]
     write_csv([row("none", False, 6.1, 2.0), row("none", True, 2.5, 1.0)], tmp_path / "train_cuda.csv", FIELDS)
     figures, _ = gpu.step_figures(tmp_path)
     assert (
         "none compiled reduce-overhead: step 2.5 ms" in figures[1]
-        and "met (best: 2.5 ms step, 1.0 ms evaluation, compiled)" in figures[-1]
+        and "met (best: 2.5 ms step, 1.0 ms evaluation, compiled; back to back, as lra.train's loop: 1.75 and 0.5 ms)"
+        in figures[-1]
     )
     assert gpu.step_figures(tmp_path / "nothing") == ([], False)
 

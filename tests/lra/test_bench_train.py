@@ -2,6 +2,7 @@
 
 import csv
 import itertools
+import time
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from lra import config
 from lra.bench import train
 from lra.bench.efficiency import entries
 from lra.data.tasks import get_spec
+from lra.datamodule import LRADataModule
 
 
 def read_rows(path):
@@ -55,6 +57,7 @@ def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line
     for row in measured:
         assert float(row["step_ms"]) > 0 and float(row["memory_mb"]) >= 0
         assert float(row["samples_per_s"]) == pytest.approx(2 / float(row["step_ms"]) * 1e3, rel=1e-3)
+        assert float(row["loop_ms"]) > 0 and float(row["eval_loop_ms"]) > 0  # the same work back to back
         assert 0 < float(row["padding"]) < 1  # ListOps and Retrieval inputs are zero-padded
 
     loading, skipped = rows[2], rows[5]
@@ -213,7 +216,12 @@ def test_profile_writes_each_phase_of_the_step_and_the_row_times_an_evaluation_b
     assert train.main([*argv, "--profile", "--quiet", "--out", str(out)]) == 0
     (row, _loading) = read_rows(out / "train_cpu.csv")
     assert float(row["eval_ms"]) > 0 and row["compile_mode"] == "" and row["device_ms"] == ""  # no device on a CPU
-    text = (out / "train_cpu_profile" / "listops_n32_none_32.txt").read_text()
+    profiles = out / "train_cpu_profile"
+    # The data-loading line's profile has its own file: it once overwrote the profile of the row without loading.
+    assert sorted(path.name for path in profiles.iterdir()) == ["listops_n32_none_32.txt", "listops_n32_none_data_loading_32.txt"]
+    assert "listops n=32 none + data loading, batch 2" in (profiles / "listops_n32_none_data_loading_32.txt").read_text()
+    text = (profiles / "listops_n32_none_32.txt").read_text()
+    assert "listops n=32 none, batch 2" in text
     phases = {
         line.split()[0]: float(line.split()[1])
         for line in text.splitlines()
@@ -222,3 +230,30 @@ def test_profile_writes_each_phase_of_the_step_and_the_row_times_an_evaluation_b
     assert set(phases) == set(train.PHASES) and phases["forward"] > 0 and phases["backward"] > 0
     with pytest.raises(SystemExit):
         train.main([*argv, "--compile-mode", "reduce-overhead"])  # a mode without --compile
+
+
+def test_the_data_loading_line_reads_batches_pinned_for_a_gpu_as_the_trainer_does(tmp_path, monkeypatch):
+    """lra.train's Trainer pins batches on a GPU (LRADataModule.on_gpu); the benchmark's loader has no Trainer and says
+    so itself, or its copies would come from pageable memory, which the Trainer's do not."""
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    cfg = train.task_config("listops", torch.device("cpu"))
+    made = []
+    monkeypatch.setattr(train, "LRADataModule", lambda *args, **kwargs: made.append(LRADataModule(*args, **kwargs)) or made[-1])
+    for device in ("cpu", "cuda"):
+        with train.loaded_batches(cfg, 32, 2, 3, torch.device(device)):  # nothing is moved until a batch is taken
+            assert made[-1].train_dataloader().pin_memory is (device == "cuda")
+
+
+def test_back_to_back_waits_for_the_device_once_after_all_calls_and_gives_the_time_per_call(monkeypatch):
+    from lra.bench import measure
+
+    events = []
+    monkeypatch.setattr(measure, "synchronize", lambda device: events.append("synchronize"))
+
+    def run():
+        events.append("call")
+        time.sleep(0.005)
+
+    per_call = measure.back_to_back(run, torch.device("cpu"), 4)
+    assert events == ["synchronize", "call", "call", "call", "call", "synchronize"]  # time_calls waits after each call
+    assert per_call >= 5.0  # milliseconds per call, not for the four
