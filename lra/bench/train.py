@@ -475,7 +475,7 @@ def measure_cell(
     device_ms, kernels = "", ""
     if args.profile:
         variant = "_".join(filter(None, [args.precision, "compiled" if args.compile else "", args.compile_mode or ""]))
-        loading = "_data_loading" if data_loading else ""  # its own file: the row without loading has the same cell
+        loading = "_data_loading" if data_loading else ""  # apart from the same row without data loading, which it overwrote
         name = f"{cfg.task.name}_n{seq_len}_{entry.row}{loading}_{variant}".replace("-", "_")
         title = f"{cfg.task.name} n={seq_len} {entry.row}{' + data loading' if data_loading else ''}, batch {batch}, "
         title += f"{variant}, on {device_name(device)}"
