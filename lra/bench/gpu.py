@@ -113,6 +113,7 @@ class StepResult:
     log: str | None = None  # the step's full output, relative to --out
     finished_at: str = ""
     earlier: dict | None = None  # skipped: the result it had before (itself never a skipped one)
+    ran_on: str = ""  # "device, commit": a record keeps steps of earlier runs, which may be another machine's
 
 
 def compute_sanitizer() -> str | None:
@@ -550,19 +551,30 @@ def render(record: dict) -> str:
         f"Written by `python -m lra.bench gpu` (lra/bench/gpu.py); each step's full output is in `{SUMMARY}/<step>.log`.",
         "",
     ]
+    lines += ["The latest run's machine (each step below names the device and commit it ran on):", ""]
     lines += ["| | |", "| --- | --- |"] + [f"| {key} | {value} |" for key, value in record["machine"].items()] + [""]
-    lines += ["| step | status | duration | command |", "| --- | --- | --- | --- |"]
+    lines += ["| step | status | duration | ran on | command |", "| --- | --- | --- | --- | --- |"]
     results = [StepResult(**result) for result in record["steps"].values()]
     for result in results:
-        lines.append(f"| {result.name} | {result.status} | {result.duration_s:.0f} s | `{result.command}` |")
+        ran_on = result.ran_on or "not recorded"
+        lines.append(f"| {result.name} | {result.status} | {result.duration_s:.0f} s | {ran_on} | `{result.command}` |")
     for result in results:
-        lines += ["", f"## {result.name}: {result.status}", "", f"`{result.command}` ({result.finished_at})", ""]
+        when = ", ".join(filter(None, [result.finished_at, result.ran_on]))
+        lines += ["", f"## {result.name}: {result.status}", "", f"`{result.command}` ({when})", ""]
         lines += [f"- {figure}" for figure in result.figures]
         if result.earlier:
             kept = StepResult(**result.earlier)
             lines.append(f"- before: {kept.status} in {kept.duration_s:.0f} s ({kept.finished_at}), kept here:")
             lines += [f"  - {figure}" for figure in kept.figures]
     return "\n".join(lines) + "\n"
+
+
+def ran_on(machine: dict[str, str]) -> str:
+    """The device and the commit a step ran on, as the summary's table shows them."""
+    commit = machine.get("commit") or "unknown commit"
+    found = re.fullmatch(r"([0-9a-f]{40})(-dirty)?", commit)
+    short = f"{found[1][:7]}{' with uncommitted changes' if found[2] else ''}" if found else commit
+    return f"{machine.get('device', 'unknown device')}, {short}"
 
 
 def save(out: Path, record: dict) -> None:
@@ -681,6 +693,7 @@ def run_steps(
             log,
             datetime.now(timezone.utc).isoformat(timespec="seconds"),
             earlier,
+            "" if step.skip_reason else ran_on(record["machine"]),
         )
         statuses.append(status)
         if step.name == "check" and status != "passed" and any(broken_cuda_kernels(figure) for figure in figures):

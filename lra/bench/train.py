@@ -148,7 +148,7 @@ FIELDS = [
 
 # A row's identity: a later run of the same cell replaces it, every other row of the file is kept.
 VARIANT = ("precision", "compiled", "compile_mode")
-CELL = ("task", "seq_len", "attention", "data_loading", *VARIANT)
+CELL = ("device", "task", "seq_len", "attention", "data_loading", *VARIANT)  # another GPU's row is another cell
 NUMBERS = (
     "seq_len",
     "inputs",
@@ -532,11 +532,11 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Set each measured row's ``ratio_to_none``: its step time over the ``none`` row's of its task, length,
+    """Set each measured row's ``ratio_to_none``: its step time over the ``none`` row's of its device, task, length,
     precision and compilation."""
 
     def group(row: dict[str, Any]) -> tuple[Any, ...]:
-        return row["task"], row["seq_len"], *(row[field] for field in VARIANT)
+        return row["device"], row["task"], row["seq_len"], *(row[field] for field in VARIANT)
 
     floors = {
         group(row): row["step_ms"]
@@ -618,7 +618,9 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             )
         write_csv(rows, path, FIELDS)
     threads = f", {common['threads']} threads" if common["threads"] else ""
-    title = f"{common['device']}{threads}, torch {common['torch']}"
+    devices = " and ".join(dict.fromkeys(str(row["device"]) for row in rows))  # earlier rows may be another GPU's
+    versions = " and ".join(dict.fromkeys(str(row["torch"]) for row in rows))
+    title = f"{devices}{threads}, torch {versions}"
     plot(rows, path.with_suffix(".png"), title)
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return rows
@@ -631,13 +633,15 @@ def noise_note(row: dict[str, Any]) -> str:
     return f" NOISY (steps spread {row['spread']:.0%} > {SPREAD_BOUND:.0%} in all {row['attempts']} attempts)"
 
 
-def label(row: dict[str, Any]) -> str:
-    """A row's name in the figure: its attention, and how its step differs from the plain float32 eager one."""
+def label(row: dict[str, Any], with_device: bool = False) -> str:
+    """A row's name in the figure: its attention, how its step differs from the plain float32 eager one, and its
+    device where the figure holds several."""
     notes = [
         *(["bf16"] if row["precision"] != "32" else []),
         *(["compiled"] if row["compiled"] else []),
         *([row["compile_mode"]] if row.get("compile_mode") else []),
         *(["+ data loading"] if row["data_loading"] else []),
+        *([f"({row['device'].removeprefix('NVIDIA ')})"] if with_device else []),
     ]
     return " ".join([row["attention"], *notes])
 
@@ -656,7 +660,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     )
     for (task, seq_len), (time_axis, memory_axis) in zip(groups, axes, strict=True):
         lines = [row for row in rows if (row["task"], row["seq_len"]) == (task, seq_len)]
-        labels = [label(row) for row in lines]
+        labels = [label(row, with_device=len({row["device"] for row in rows}) > 1) for row in lines]
         measured = [row["status"] == "ok" for row in lines]
         times = [row["step_ms"] / 1e3 if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]
         memory = [row["memory_mb"] if ok else 0.0 for row, ok in zip(lines, measured, strict=True)]

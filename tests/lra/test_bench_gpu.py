@@ -159,7 +159,7 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
     gpu.save(out, record)
     summary = (out / "gpu_validation_cuda.md").read_text()
     assert "| device | NVIDIA H100 80GB HBM3 |" in summary and "| driver, GPU memory | 580.65, 81559 MiB |" in summary
-    assert "| train | failed | 12 s | `python -m train` |" in summary
+    assert "| train | failed | 12 s | not recorded | `python -m train` |" in summary
     assert "## kernels: passed" in summary and "- bfloat16 d=64 n=65536 forward+backward: yoso_32 25.50 ms" in summary
 
     # A later session running other steps keeps these, in step order.
@@ -342,3 +342,20 @@ def test_the_archive_after_every_step_holds_what_the_run_wrote_relative_to_out(t
     }
     assert record["steps"]["train"] == earlier.__dict__ and record["machine"] == {"device": "a stand-in GPU"}
     assert (home / "gpu_validation_cuda.md").read_text() == gpu.render(record)
+
+
+def test_each_step_names_the_machine_and_commit_it_ran_on_when_a_later_run_on_another_keeps_it(tmp_path):
+    """The summary's machine is the latest run's; a step kept from an earlier run on another GPU must say so."""
+    out = tmp_path / "results"
+    out.mkdir()
+    kept = gpu.StepResult("tests", "old", "passed", 28.0, ["pytest: 128 passed"], "t.log", "2026-11-27", None, "GPU A, abc1234")
+    record = {"steps": {"tests": kept.__dict__}, "machine": {"device": "GPU B", "commit": "f" * 40 + "-dirty"}}
+    check = gpu.Step("check", [sys.executable, "-c", "print('cuda  lsh_cumulation  PASS  max |error| 0')"], 60)
+    assert gpu.run_steps([check], out, tmp_path / "train", record, STEPS) == ["passed"]
+    saved = json.loads((out / "gpu_validation_cuda.json").read_text())["steps"]
+    assert saved["check"]["ran_on"] == "GPU B, fffffff with uncommitted changes"
+    assert saved["tests"]["ran_on"] == "GPU A, abc1234"
+    summary = (out / "gpu_validation_cuda.md").read_text()
+    assert "| check | passed |" in summary and "| GPU B, fffffff with uncommitted changes |" in summary
+    assert "| tests | passed | 28 s | GPU A, abc1234 |" in summary
+    assert gpu.ran_on({"device": "GPU C", "commit": "abc"}) == "GPU C, abc"  # a commit that is not a hash: as given

@@ -257,3 +257,27 @@ def test_back_to_back_waits_for_the_device_once_after_all_calls_and_gives_the_ti
     per_call = measure.back_to_back(run, torch.device("cpu"), 4)
     assert events == ["synchronize", "call", "call", "call", "call", "synchronize"]  # time_calls waits after each call
     assert per_call >= 5.0  # milliseconds per call, not for the four
+
+
+def test_rows_of_another_device_are_kept_as_their_own_cells_with_their_own_ratios(tmp_path, monkeypatch):
+    """A GPU's rows merged into a file that holds another GPU's: nothing replaced across devices, no ratio across them."""
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "results"
+    argv = ["--tasks", "listops", "--attentions", "none", "softmax", "--seq-len", "64", "--batch", "2", "--steps", "1"]
+    assert train.main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    path = out / "train_cpu.csv"
+    here = read_rows(path)
+    other = [dict(row, device="Another GPU", step_ms=str(float(row["step_ms"]) * 10)) for row in here]
+    with open(path, "w", newline="") as f:  # the other device's rows first, as an earlier run left them
+        writer = csv.DictWriter(f, fieldnames=train.FIELDS)
+        writer.writeheader()
+        writer.writerows(other)
+
+    assert train.main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    merged = read_rows(path)
+    assert [row["device"] for row in merged] == ["Another GPU"] * len(other) + [here[0]["device"]] * len(here)
+    assert merged[: len(other)] == other  # kept as they were, their ratios too
+    floor = next(r for r in merged[len(other) :] if r["attention"] == "none" and r["data_loading"] == "False")
+    softmax = next(r for r in merged[len(other) :] if r["attention"] == "softmax")
+    assert float(softmax["ratio_to_none"]) == pytest.approx(float(softmax["step_ms"]) / float(floor["step_ms"]), abs=1e-3)
+    assert train.label(train.read_rows(path)[0], with_device=True) == "none (Another GPU)"  # the figure tells them apart
