@@ -204,6 +204,7 @@ RULES = [
         why="two attentions on a small ListOps (the full grid takes an hour)",
     ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),
+    Rule(r"^ncu ", not_run="Nsight Compute profiles kernels on an NVIDIA GPU"),
     Rule(
         r"^python -m lra\.bench authors",
         not_run="needs checkouts of the authors' code (mlpen/Nystromformer, lucidrains/performer-pytorch), never part of this "
