@@ -31,8 +31,19 @@ each library is built and loaded on its own and the report says why one is missi
 * ``require``: as ``auto``, but a wanted library that fails to build is an error (CI, benchmarks);
 * ``0`` / ``off`` / ``none`` / ``reference``: nothing is built, the pure-PyTorch reference runs.
 
-Libraries are cached in torch's extensions folder (``TORCH_EXTENSIONS_DIR``); torch rebuilds one
-when a source or a flag changes. Concurrent processes (DDP ranks, a joblib sweep) take an advisory
+Libraries are cached in torch's extensions folder (``TORCH_EXTENSIONS_DIR``), each beside a stamp
+(``<library>.stamp.json``) of what it was built for: torch and its CUDA version, the CUDA
+architectures, the compiler (after the override below), Python's ABI, the compile flags and a hash
+of every source and header. A library whose stamp matches this machine is loaded as it is, without
+ninja, whatever the files' times say (a fresh checkout gives the sources newer times than a library
+carried over from another machine). One whose stamp differs is rebuilt from scratch: ninja judges by
+times and command lines, and misses a torch or compiler upgraded in place (torch's headers are
+system headers to its dependency files). One without a stamp (built before stamps) goes through
+ninja as before and is stamped. :func:`export_build` and :func:`import_build` (``python -m
+yoso_cuda --export/--import FILE``) carry built libraries to the next machine, which takes only
+those whose stamps match it.
+
+Concurrent processes (DDP ranks, a joblib sweep) take an advisory
 lock (``fcntl.flock``) on the library's build folder: the first builds, the others wait and load
 the result, and the OS releases the lock of a process that dies. Older torch versions guard their
 build with a ``lock`` file whose mere existence blocks every later build forever; holding our lock,
@@ -43,6 +54,8 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
 import re
@@ -51,7 +64,10 @@ import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import tempfile
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +79,7 @@ SOURCES = Path(__file__).resolve().parent / "csrc"
 # Measured: the CPU library in 17-40 s on the 2-core VM, the CUDA library in about 60 s on a 16-core H100 host.
 BUILD_TIME = {"cpu": "about 20-40 s on 2 cores", "cuda": "about a minute"}
 LIBRARY_NAMES = {"cpu": "yoso_kernels_cpu", "cuda": "yoso_kernels_cuda"}
+HEADER_SUFFIXES = {".h", ".cuh", ".hpp"}
 SETTINGS = {"auto", "cpu", "require", "0", "off", "none", "reference"}
 DISABLED = {"0", "off", "none", "reference"}
 
@@ -197,30 +214,58 @@ def _openmp_flags() -> list[str]:
     return ["-fopenmp"]
 
 
-def _load(library: Library, sources: list[Path], verbose: bool, extra_flags: list[str] = ()) -> None:
+def library_sources(device: str) -> list[Path]:
+    if device == "cpu":
+        return [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp"]
+    return sorted((SOURCES / "cuda").glob("*.cu"))
+
+
+def compile_flags(device: str) -> dict[str, list[str]]:
+    """The extra flags ``cpp_extension.load`` gets for the ``device`` library, as its stamp records them."""
+    openmp = _openmp_flags() if device == "cpu" else []
+    return {"cflags": ["-O3", *openmp], "cuda_cflags": ["-O3"], "ldflags": openmp}
+
+
+def _load(library: Library, verbose: bool) -> None:
     from torch.utils import cpp_extension
 
     name = LIBRARY_NAMES[library.device]
     build_directory = Path(cpp_extension._get_build_directory(name, verbose))
-    if needs_compiling(build_directory / f"{name}.so", sources):
-        log.info("Building YOSO's %s kernels (once, until their sources change: %s)", library.device, BUILD_TIME[library.device])
+    path = build_directory / f"{name}.so"
+    sources, flags = library_sources(library.device), compile_flags(library.device)
     try:
-        with build_lock(build_directory):
-            path = cpp_extension.load(
-                name=name,
-                sources=[str(source) for source in sources],
-                extra_cflags=["-O3", *extra_flags],
-                extra_cuda_cflags=["-O3"],
-                extra_ldflags=list(extra_flags),
-                build_directory=str(build_directory),
-                is_python_module=False,
-                verbose=verbose,
+        expected = current_stamp(library.device)
+        if needs_compiling(path, sources, expected):
+            log.info(
+                "Building YOSO's %s kernels (once, until their sources change: %s)", library.device, BUILD_TIME[library.device]
             )
+        with build_lock(build_directory):
+            recorded = read_stamp(path)
+            if recorded is not None and path.is_file() and stamp_mismatch(recorded, expected) is None:
+                torch.ops.load_library(str(path))
+            else:
+                if recorded is not None:
+                    # Built for something else: ninja would keep the objects whose inputs kept their times.
+                    for output in [*build_directory.glob("*.o"), path, stamp_path(path)]:
+                        output.unlink(missing_ok=True)
+                path = Path(
+                    cpp_extension.load(
+                        name=name,
+                        sources=[str(source) for source in sources],
+                        extra_cflags=flags["cflags"],
+                        extra_cuda_cflags=flags["cuda_cflags"],
+                        extra_ldflags=flags["ldflags"],
+                        build_directory=str(build_directory),
+                        is_python_module=False,
+                        verbose=verbose,
+                    )
+                )
+                write_stamp(path, expected)
     except Exception as error:  # a missing compiler, a compile error: the report says why
         library.reason = f"{type(error).__name__}: {error}".strip()
         return
     library.loaded, library.path = True, str(path)
-    library.unsafe = private_cpp_runtime(Path(path))
+    library.unsafe = private_cpp_runtime(path)
 
 
 def needed_libraries(path: Path) -> list[str] | None:
@@ -353,13 +398,249 @@ def environment(overrides: dict[str, str]):
                 os.environ[key] = value
 
 
-def needs_compiling(library: Path, sources: list[Path]) -> bool:
-    """Whether ``library`` is missing or older than a source or header it is built from (what makes
-    ninja compile), so that a first use can say it is building instead of going silent."""
+def needs_compiling(library: Path, sources: list[Path], expected: dict | None = None) -> bool:
+    """Whether loading ``library`` will compile it, so that a first use can say it is building instead
+    of going silent: where it has a stamp, whether that differs from ``expected`` (this machine's,
+    :func:`current_stamp`); without one, as ninja decides, whether a source or header is newer."""
     if not library.is_file():
         return True
+    recorded = read_stamp(library)
+    if recorded is not None and expected is not None:
+        return stamp_mismatch(recorded, expected) is not None
     built = library.stat().st_mtime
     return any(path.stat().st_mtime > built for path in [*sources, *SOURCES.glob("*.h")])
+
+
+# ---- stamps: what a library was built for, so that it is reused only where it is valid ---------------
+
+
+@functools.cache
+def _version_line(command: str) -> str:
+    """The line of ``command --version`` that carries a version number (gcc and clang: the first; nvcc: its release)."""
+    try:
+        process = subprocess.run([*shlex.split(command), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"no version: {error}"
+    lines = [line.strip() for line in (process.stdout + process.stderr).splitlines() if line.strip()]
+    return next((line for line in lines if re.search(r"\d+\.\d+", line)), lines[0] if lines else "no version")
+
+
+def compiler_identity(device: str) -> str:
+    """The compilers that build the ``device`` library here, as its stamp records them: ``CXX`` (as torch
+    reads it, so after :func:`compiler_override`) resolved through symlinks, so that ``c++`` and
+    ``/usr/bin/g++`` naming one g++ match while a wrapper script around it does not, with its version;
+    for CUDA also nvcc's release and the host compiler ``CC`` where set (torch passes it as ``-ccbin``)."""
+    words = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+    found = shutil.which(words[0])
+    if found:
+        words[0] = str(Path(found).resolve())
+    identity = f"{shlex.join(words)} ({_version_line(shlex.join(words))})"
+    if device == "cuda":
+        toolkit = cuda_toolkit()
+        identity += f", nvcc ({_version_line(str(Path(toolkit, 'bin', 'nvcc'))) if toolkit else 'not found'})"
+        if os.environ.get("CC"):
+            identity += f", host compiler {os.environ['CC']} ({_version_line(os.environ['CC'])})"
+    return identity
+
+
+def _stamped_archs(device: str) -> str | None:
+    if device != "cuda" or torch.version.cuda is None:
+        return None
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        return "none (no GPU visible, no TORCH_CUDA_ARCH_LIST)"
+    return _cuda_archs()
+
+
+def current_stamp(device: str) -> dict:
+    """What the ``device`` library built here now would be stamped with: what a built one must match to be reused."""
+    headers = [path for path in SOURCES.rglob("*") if path.suffix in HEADER_SUFFIXES]
+    return {
+        "library": LIBRARY_NAMES[device],
+        "torch": str(torch.__version__),
+        "torch_cuda": torch.version.cuda,
+        "python_abi": sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag,
+        "cuda_archs": _stamped_archs(device),
+        "compiler": compiler_identity(device),
+        "flags": compile_flags(device),
+        "sources": {
+            path.relative_to(SOURCES).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted({*library_sources(device), *headers})
+        },
+    }
+
+
+# A stamp's facts in the order they are compared, and how a difference reads ("cuda library: <this>: will be rebuilt").
+MISMATCHES = {
+    "library": "its stamp is for {}, not {}",
+    "torch": "built for torch {}, this is {}",
+    "torch_cuda": "built for torch CUDA {}, this torch's is {}",
+    "python_abi": "built for Python {}, this is {}",
+    "cuda_archs": "built for CUDA archs {}, this machine's are {}",
+    "compiler": "built with {}, this machine builds with {}",
+    "flags": "built with the flags {}, these are {}",
+}
+
+
+def stamp_mismatch(recorded: dict, expected: dict) -> str | None:
+    """The first fact in which a library's stamp ``recorded`` differs from ``expected`` (this machine's), worded
+    for a person; None where they all match, and the library can be loaded as it is."""
+    if set(recorded) != set(expected) or not isinstance(recorded["sources"], dict):
+        return "its stamp is damaged or from another version of yoso_cuda"
+    for key, wording in MISMATCHES.items():
+        if recorded[key] != expected[key]:
+            return wording.format(recorded[key], expected[key])
+    old, new = recorded["sources"], expected["sources"]
+    changed = sorted(name for name in {*old, *new} if old.get(name) != new.get(name))
+    return f"built from another version of {', '.join(changed)}" if changed else None
+
+
+def stamp_path(library: Path) -> Path:
+    return library.with_suffix(".stamp.json")
+
+
+def read_stamp(library: Path) -> dict | None:
+    """The stamp beside ``library``; None where there is none; an empty one (which matches nothing) where it is unreadable."""
+    try:
+        recorded = json.loads(stamp_path(library).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+@contextmanager
+def replaced_atomically(target: Path, mode: int = 0o644):
+    """A file to write ``target``'s new content into; it replaces ``target`` by a rename once written whole,
+    so that a reader, or a process killed midway, sees the old file or the new one, never a part."""
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            yield file
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_stamp(library: Path, stamp: dict) -> None:
+    with replaced_atomically(stamp_path(library)) as file:
+        file.write(json.dumps(stamp, indent=1).encode())
+
+
+def _describe_stamp(stamp: dict) -> str:
+    archs = f", CUDA archs {stamp['cuda_archs']}" if stamp.get("cuda_archs") else ""
+    return f"torch {stamp.get('torch')}, Python {stamp.get('python_abi')}{archs}"
+
+
+# ---- carrying built libraries to the next machine ------------------------------------------------
+
+
+class BuildArchiveError(Exception):
+    """An archive of built libraries that cannot be written or read; the message says why and what to do."""
+
+
+def build_directory(device: str) -> Path:
+    """Where :func:`build` builds and looks for the ``device`` library (under ``TORCH_EXTENSIONS_DIR``)."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(LIBRARY_NAMES[device], False))
+
+
+def export_build(archive: Path) -> list[str]:
+    """Write every built library with its stamp to ``archive`` (a .tar.gz, replaced atomically), for
+    :func:`import_build` on another machine; returns a line per library saying what was written."""
+    archive = Path(archive)
+    lines, found = [], []
+    for device, name in LIBRARY_NAMES.items():
+        library = build_directory(device) / f"{name}.so"
+        recorded = read_stamp(library) if library.is_file() else None
+        if recorded:
+            found.append((device, library))
+            lines.append(f"{device} library: exported ({_describe_stamp(recorded)})")
+        elif library.is_file():
+            lines.append(f"{device} library: not exported, it has no stamp: run `python -m yoso_cuda` to stamp it")
+    if not found:
+        raise BuildArchiveError(
+            f"no built YOSO kernels with a stamp under {build_directory('cpu').parent} to export: build them first with "
+            "`python -m yoso_cuda` (with the same TORCH_EXTENSIONS_DIR)"
+        )
+    try:
+        with replaced_atomically(archive) as file, tarfile.open(fileobj=file, mode="w:gz") as tar:
+            for _, library in found:
+                with build_lock(library.parent):  # not while a build rewrites it
+                    tar.add(library, arcname=library.name)
+                    tar.add(stamp_path(library), arcname=stamp_path(library).name)
+    except OSError as error:
+        raise BuildArchiveError(f"cannot write {archive}: {error}") from error
+    return lines
+
+
+def _read_archive(archive: Path) -> dict[str, bytes]:
+    """The members of a kernels archive by name, after checking that each is one of the files
+    :func:`export_build` writes (so no absolute path, ``..``, link or device), each once."""
+    allowed = {f"{name}{suffix}" for name in LIBRARY_NAMES.values() for suffix in (".so", ".stamp.json")}
+    contents = {}
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                if member.name not in allowed or not member.isfile() or member.name in contents:
+                    raise BuildArchiveError(
+                        f"{archive} is not an archive of YOSO's built kernels: its member {member.name!r} is not one "
+                        f"regular file among {', '.join(sorted(allowed))}; write it with `python -m yoso_cuda --export`"
+                    )
+                contents[member.name] = tar.extractfile(member).read()
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as error:
+        raise BuildArchiveError(
+            f"cannot read {archive} as a .tar.gz ({error}): write it again with `python -m yoso_cuda --export`"
+        ) from error
+    return contents
+
+
+def import_build(archive: Path) -> list[str]:
+    """Put each library in ``archive`` (from :func:`export_build`) whose stamp matches this machine where
+    :func:`build` looks for it, atomically, so that it is loaded without compiling; the others are left
+    out, to be rebuilt. Returns a line per library: imported, or why not. A damaged or foreign archive
+    raises :class:`BuildArchiveError` before anything is written."""
+    archive = Path(archive)
+    contents = _read_archive(archive)
+    pairs = {}
+    for device, name in LIBRARY_NAMES.items():
+        library, stamp = contents.get(f"{name}.so"), contents.get(f"{name}.stamp.json")
+        if library is None and stamp is None:
+            continue
+        try:
+            recorded = json.loads(stamp) if library is not None and stamp is not None else None
+        except ValueError:
+            recorded = None
+        if not isinstance(recorded, dict):
+            raise BuildArchiveError(
+                f"{archive} is damaged: it lacks {name}'s library or a readable stamp for it; write it again with --export"
+            )
+        pairs[device] = (library, stamp, recorded)
+    lines = []
+    overrides, _ = compiler_override()
+    for device in LIBRARY_NAMES:
+        if device not in pairs:
+            lines.append(f"{device} library: not in {archive.name}: built here where wanted")
+            continue
+        library, stamp, recorded = pairs[device]
+        with environment(overrides):
+            mismatch = stamp_mismatch(recorded, current_stamp(device))
+        if mismatch:
+            lines.append(f"{device} library: {mismatch}: will be rebuilt")
+            continue
+        target = build_directory(device) / f"{LIBRARY_NAMES[device]}.so"
+        with build_lock(target.parent):
+            # Killed between the two writes, this leaves a library without a stamp, never one under another's stamp.
+            stamp_path(target).unlink(missing_ok=True)
+            with replaced_atomically(target, 0o755) as file:
+                file.write(library)
+            with replaced_atomically(stamp_path(target)) as file:
+                file.write(stamp)
+        lines.append(f"{device} library: imported into {target.parent} ({_describe_stamp(recorded)})")
+    return lines
 
 
 def _cuda_archs() -> str:
@@ -391,8 +672,7 @@ def _build_cuda(report: BuildReport, verbose: bool) -> None:
             f"{torch.version.cuda.split('.')[0]}.x (torch's is {torch.version.cuda}) and set CUDA_HOME to it"
         )
         return
-    sources = sorted((SOURCES / "cuda").glob("*.cu"))
-    if not sources:
+    if not library_sources("cuda"):
         library.reason = f"no CUDA sources in {SOURCES / 'cuda'}"
         return
     try:
@@ -409,7 +689,7 @@ def _build_cuda(report: BuildReport, verbose: bool) -> None:
 
     cpp_extension.CUDA_HOME = toolkit  # it may have been imported (and guessed) before CUDA_HOME was set
     library.archs = _cuda_archs()
-    _load(library, sources, verbose)
+    _load(library, verbose)
 
 
 def build(verbose: bool = False) -> BuildReport:
@@ -425,7 +705,7 @@ def build(verbose: bool = False) -> BuildReport:
     report.cpu.wanted = True
     overrides, note = compiler_override()
     with environment(overrides):
-        _load(report.cpu, [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp"], verbose, _openmp_flags())
+        _load(report.cpu, verbose)
         _build_cuda(report, verbose)
     for library in report.libraries:
         if note and library.loaded:
