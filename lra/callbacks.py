@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, TQDMProgressBar
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
 from . import signals
@@ -184,6 +185,48 @@ def something_due_after(trainer: pl.Trainer) -> bool:
         loop.batch_progress.is_last_batch or (every != float("inf") and batches % every == 0)
     )
     return evaluates or trainer.global_step % trainer.log_every_n_steps == 0
+
+
+class RunFolderCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose state follows the run folder when the folder moves.
+
+    A run interrupted on one machine is resumed on another from its ``last.ckpt``, often in a folder at
+    another absolute path (a cluster's per-job scratch folder, a copy brought back from a preempted
+    instance). Lightning takes a changed ``dirpath`` for a different folder: it drops the best score, the
+    top-k and the last checkpoint's path and keeps ``best_model_path`` at the old, absent path. The
+    resumed run then took its first evaluation for the best whatever its score, left the real best
+    file undeleted beside it and recorded (and tested) the wrong step. Here ``dirpath`` is always the
+    run folder's ``checkpoints``, and a run resumes only in its own folder: a changed ``dirpath`` is that
+    folder moved. So every saved path inside the old ``dirpath`` is rebased onto the current one and
+    Lightning restores the state as if the folder had never moved; a path outside it is kept as saved.
+    """
+
+    @property
+    def state_key(self) -> str:
+        # Lightning's own key ("ModelCheckpoint{...}"), so that a last.ckpt saved before this class restores here.
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved, current = state_dict.get("dirpath"), self.dirpath
+        if saved and current and saved != current:
+            state_dict = {**state_dict, "dirpath": current}
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                if key in state_dict:
+                    state_dict[key] = rebased(state_dict[key], saved, current)
+            if "best_k_models" in state_dict:
+                state_dict["best_k_models"] = {rebased(p, saved, current): v for p, v in state_dict["best_k_models"].items()}
+        super().load_state_dict(state_dict)
+
+
+def rebased(path: Any, old: str, new: str) -> Any:
+    """``path`` at the same place under folder ``new`` as it was under ``old``; any other path (or none) unchanged."""
+    if not isinstance(path, str) or not path:
+        return path
+    try:
+        inside = Path(path).relative_to(old)
+    except ValueError:
+        return path
+    return os.path.join(new, inside)
 
 
 class StepProgressBar(TQDMProgressBar):

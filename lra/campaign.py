@@ -44,13 +44,16 @@ import csv
 import io
 import json
 import logging
+import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -69,6 +72,9 @@ CURVES = "curves"  # results/runs/curves/<run file name>.csv: a packed cell's me
 MEASURE_SEED = 1000  # measure's copies of a cell: seeds never swept, so nothing is skipped or overwritten
 BEST_SHARE = 0.95  # --parallel auto: the smallest K within this share of the best measured cells per hour
 STOP_GRACE_S = 300  # how long a stopped cell may take to save its checkpoint before it is killed
+STATE = "state"  # an archive's unfinished cells: state/<cell folder under the output folder>/<file>
+PART_SIZE_MIB = 16.0  # pack: an archive larger than this is cut into parts of at most this size
+DEADLINE_MARGIN_S = 90.0  # --deadline: the cells stop this long before it, to save their state and be packed
 CURVE_FIELDS = [
     "device",
     "parallel",
@@ -433,6 +439,10 @@ def start(args: argparse.Namespace) -> int:
         "output_dir": str(Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")).absolute()),
         "runs_dir": str(args.results.absolute() / "runs"),
         "stop_after_s": args.stop_after,
+        "stop_at": stop_time(args),
+        "pack": str(args.pack.absolute()) if args.pack else None,
+        "part_size_mib": args.part_size,
+        "margin_s": args.margin,
         "planned_at": now(),
         "host": socket.gethostname(),
         "datasets": datasets,
@@ -474,6 +484,18 @@ def start(args: argparse.Namespace) -> int:
     print(f"Started in the background (pid {daemon.pid}); its log: {campaign / LOG_FILE}")
     print(f"Progress: python -m lra.campaign status --dir {campaign}")
     return 0
+
+
+def stop_time(args: argparse.Namespace) -> float | None:
+    """``--deadline``: when the job ends, as a Unix time; the cells stop ``--margin`` seconds before it."""
+    if args.deadline is None:
+        return None
+    if args.margin < 0 or args.deadline <= args.margin:
+        raise CampaignError(
+            f"--deadline {args.deadline:g} s leaves no time to train before its --margin of {args.margin:g} s "
+            "(the time the cells take to save their state and the campaign to pack it): give a later deadline"
+        )
+    return time.time() + args.deadline - args.margin
 
 
 def describe(plan: dict[str, Any]) -> str:
@@ -533,19 +555,30 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     todo = [state.cell for state in states if state.status not in ("finished", "committed")]
     log.info("%d cells finished or committed, %d to run", len(states) - len(todo), len(todo))
     if todo:
+        # YOSO's kernels build (a minute on a bare GPU machine) while the data is prepared, not after it: every
+        # cell loads them. The build is left to a process of its own and waited for, whatever it says (a cell
+        # that needs kernels that failed to build says so itself).
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT}
+        build = subprocess.Popen([sys.executable, "-m", "yoso_cuda"], cwd=plan["cwd"], **quiet)
         try:
             prepare_data(plan["datasets"])
         except Exception as error:  # the cells would all fail the same way: one message
             log.error("error: preparing the data failed: %s: %s", type(error).__name__, error)
             return 1
+        finally:
+            build.wait()
     deadline = time.monotonic() + plan["stop_after_s"] if plan.get("stop_after_s") else None
+    if plan.get("stop_at"):  # --deadline, counted from the job's start, whatever the setup before this took
+        deadline = min(deadline or math.inf, time.monotonic() + plan["stop_at"] - time.time())
+    # A stopped cell gets until the deadline's margin is half spent to save its state, then it is killed.
+    grace = min(STOP_GRACE_S, plan["margin_s"] / 2) if plan.get("stop_at") else STOP_GRACE_S
     running: dict[int, tuple[subprocess.Popen, Cell, float]] = {}
     queue = list(todo)
     ended = []
     signalled = False
     while queue or running:
         if deadline is not None and time.monotonic() > deadline and not stopping.why:
-            stopping.why = f"--stop-after {plan['stop_after_s']} s"
+            stopping.why = "the --deadline's margin" if plan.get("stop_at") else f"--stop-after {plan['stop_after_s']} s"
         if stopping.why and not signalled:
             log.info(
                 "Stopping (%s): %d running cells save their checkpoint; %d not started", stopping.why, len(running), len(queue)
@@ -573,7 +606,7 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
         time.sleep(0.5)
         for index, (process, cell, started) in list(running.items()):
             if process.poll() is None:
-                if signalled and time.monotonic() - stop_time > STOP_GRACE_S:
+                if signalled and time.monotonic() - stop_time > grace:
                     process.kill()
                 continue
             (campaign / CELLS / f"{index}.exit").write_text(f"{process.returncode}\n")
@@ -584,6 +617,8 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
 
     lines, failed = summary([{"folder": cell.folder} for cell in ended]) if ended else ([], 0)
     log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
+    if plan.get("pack"):  # what the next job needs, before this one ends
+        log.info("Packed: %s", write_pack(campaign, plan, Path(plan["pack"]), plan["part_size_mib"]))
     return 1 if failed or stopping.why else 0
 
 
@@ -643,14 +678,20 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def pack(args: argparse.Namespace) -> int:
+    campaign = args.dir.absolute()
+    plan = read_plan(campaign)
+    out = (args.out or campaign / "campaign_runs.tar.gz").absolute()
+    print(write_pack(campaign, plan, out, args.part_size))
+    print(f"Into a checkout: python -m lra.campaign unpack {out.name}")
+    return 0
+
+
+def write_pack(campaign: Path, plan: dict[str, Any], out: Path, part_size_mib: float) -> str:
+    """Write the campaign's archive to ``out`` (in parts where it is larger than ``part_size_mib``); what it holds."""
     from .results import RunRecord
     from .table import run_file_name
 
-    campaign = args.dir.absolute()
-    plan = read_plan(campaign)
     states = cell_states(campaign, plan)
-    out = (args.out or campaign / "campaign_runs.tar.gz").absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
     members: dict[str, bytes] = {}
     for state in states:
         if state.status != "finished" or state.record is None:
@@ -663,6 +704,11 @@ def pack(args: argparse.Namespace) -> int:
         metrics = state.record.parent / "metrics" / "metrics.csv"
         if metrics.is_file():
             members[f"results/runs/{CURVES}/{name.removesuffix('.json')}.csv"] = metrics.read_bytes()
+    unfinished = 0
+    for state in states:
+        carried = unfinished_state(state, Path(plan["output_dir"]))
+        unfinished += bool(carried)
+        members.update(carried)
     for state in states:  # what went wrong, to read back home: the end of each failed cell's train.log
         train_log = Path(state.cell.folder) / "train.log"
         if state.status in ("failed", "interrupted") and train_log.is_file():
@@ -673,44 +719,118 @@ def pack(args: argparse.Namespace) -> int:
     members[f"campaign/{PLAN_FILE}"] = (campaign / PLAN_FILE).read_bytes()
     if (campaign / LOG_FILE).is_file():
         members[f"campaign/{LOG_FILE}"] = (campaign / LOG_FILE).read_bytes()[-2_000_000:]
-    staging = out.with_name(out.name + ".partial")
-    with tarfile.open(staging, "w:gz") as archive:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         for name, data in sorted(members.items()):
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
             archive.addfile(info, io.BytesIO(data))
-    os.replace(staging, out)
+    files = write_parts(buffer.getvalue(), out, int(part_size_mib * 2**20))
     runs = sum(name.endswith(".json") and name.startswith("results/runs/") for name in members)
-    print(f"{out}: {runs} finished runs of {len(states)} cells, with their curves ({out.stat().st_size / 1024:.0f} KiB)")
-    print(f"Into a checkout: python -m lra.campaign unpack {out.name}")
-    return 0
+    size = sum(path.stat().st_size for path in files)
+    where = str(out) if files == [out] else f"{len(files)} parts {files[0].name} .. {files[-1].name} in {out.parent}"
+    return (
+        f"{where}: {runs} finished runs of {len(states)} cells with their curves, and the state of "
+        f"{plural(unfinished, 'unfinished cell')} ({size / 2**20:.1f} MiB)"
+    )
+
+
+def unfinished_state(state: CellState, output_dir: Path) -> dict[str, bytes]:
+    """What a cell that has not finished needs to go on elsewhere from the step it reached, as archive members
+    (``state/<its folder under the output folder>/...``): its last.ckpt, the weights of its best checkpoint (the
+    best is only ever tested, so its optimizer state stays behind), its metrics.csv and its record. Nothing for a
+    cell without a last.ckpt (it starts afresh anyway) or a running one (its files are being written)."""
+    folder = Path(state.cell.folder)
+    last = folder / "checkpoints" / "last.ckpt"
+    if state.status not in ("failed", "interrupted", "pending") or not last.is_file():
+        return {}
+    prefix = f"{STATE}/{folder.relative_to(output_dir).as_posix()}"
+    members = {f"{prefix}/checkpoints/last.ckpt": last.read_bytes()}
+    for best in folder.glob("checkpoints/best-step*.ckpt"):
+        members[f"{prefix}/checkpoints/{best.name}"] = weights_only(best)
+    for name in ("metrics/metrics.csv", "results.json"):
+        if (folder / name).is_file():
+            members[f"{prefix}/{name}"] = (folder / name).read_bytes()
+    return members
+
+
+def weights_only(checkpoint: Path) -> bytes:
+    """A Lightning checkpoint without its optimizer and scheduler states: what testing it needs, a third of its size."""
+    import torch
+
+    content = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the run's own file
+    for key in ("optimizer_states", "lr_schedulers"):
+        content.pop(key, None)
+    buffer = io.BytesIO()
+    torch.save(content, buffer)
+    return buffer.getvalue()
+
+
+PART = re.compile(r"\.part(\d{3})$")
+
+
+def write_parts(data: bytes, out: Path, part_size: int) -> list[Path]:
+    """``data`` as ``out`` where it fits in ``part_size`` bytes, else as ``out.part000``, ``out.part001``, ...
+    (``cat`` joins them); each written whole and renamed, and the parts of an earlier, larger archive removed."""
+    if part_size < 1:
+        raise CampaignError(f"--part-size must be positive, got {part_size / 2**20:g} MiB")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pieces = [data] if len(data) <= part_size else [data[i : i + part_size] for i in range(0, len(data), part_size)]
+    paths = [out] if len(pieces) == 1 else [out.with_name(f"{out.name}.part{i:03d}") for i in range(len(pieces))]
+    for stale in [out, *out.parent.glob(f"{out.name}.part[0-9][0-9][0-9]")]:
+        if stale not in paths:
+            stale.unlink(missing_ok=True)
+    for path, piece in zip(paths, pieces, strict=True):
+        staging = path.with_name(path.name + ".partial")
+        staging.write_bytes(piece)
+        os.replace(staging, path)
+    return paths
+
+
+def read_parts(path: Path) -> tuple[bytes, list[Path]]:
+    """An archive written by :func:`write_parts`: ``path`` itself, or all its parts given the archive's name or any
+    part's; with the files read."""
+    base = path.with_name(PART.sub("", path.name))
+    parts = sorted(base.parent.glob(f"{base.name}.part[0-9][0-9][0-9]"))
+    if not parts:
+        if not path.is_file():
+            raise CampaignError(f"{path} is not a file (nor are there parts {path.name}.part000, ...)")
+        return path.read_bytes(), [path]
+    numbers = [int(PART.search(part.name).group(1)) for part in parts]
+    if numbers != list(range(len(parts))):
+        missing = sorted(set(range(max(numbers) + 1)) - set(numbers))
+        raise CampaignError(f"{base.name} is missing its part(s) {', '.join(f'part{n:03d}' for n in missing)}; nothing unpacked")
+    return b"".join(part.read_bytes() for part in parts), parts
 
 
 RUN_MEMBER = re.compile(r"results/runs/[\w.,+=@-]+\.json")
 CURVE_MEMBER = re.compile(rf"results/runs/{CURVES}/[\w.,+=@-]+\.csv")
 CAMPAIGN_MEMBER = re.compile(r"campaign/[\w./-]+")
+STATE_MEMBER = re.compile(
+    rf"{STATE}/(?P<folder>[\w.,+=@/-]+)/(?P<file>checkpoints/last\.ckpt|checkpoints/best-step\d+\.ckpt|"
+    r"metrics/metrics\.csv|results\.json)"
+)
 
 
 def unpack(args: argparse.Namespace) -> int:
     from .results import RunRecord
 
-    if not args.archive.is_file():
-        raise CampaignError(f"{args.archive} is not a file")
+    data, files = read_parts(args.archive)
     root = Path.cwd()
-    logs = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")) / "unpacked" / args.archive.name.split(".")[0]
+    output_dir = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
+    logs = output_dir / "unpacked" / args.archive.name.split(".")[0]
     try:
-        archive = tarfile.open(args.archive, "r:gz")
-    except (tarfile.TarError, OSError) as error:
-        raise CampaignError(f"{args.archive} is not a campaign archive ({error})") from None
-    with archive:
-        members = archive.getmembers()
-        for member in members:
-            known = any(pattern.fullmatch(member.name) for pattern in (RUN_MEMBER, CURVE_MEMBER, CAMPAIGN_MEMBER))
-            if not member.isfile() or not known or ".." in member.name.split("/"):
-                raise CampaignError(
-                    f"{args.archive} holds {member.name!r}, which is not part of a campaign archive; nothing unpacked"
-                )
-        contents = {member.name: archive.extractfile(member).read() for member in members}
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            members = archive.getmembers()
+            for member in members:
+                patterns = (RUN_MEMBER, CURVE_MEMBER, CAMPAIGN_MEMBER, STATE_MEMBER)
+                if not member.isfile() or not any(p.fullmatch(member.name) for p in patterns) or ".." in member.name.split("/"):
+                    raise CampaignError(
+                        f"{args.archive} holds {member.name!r}, which is not part of a campaign archive; nothing unpacked"
+                    )
+            contents = {member.name: archive.extractfile(member).read() for member in members}
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise CampaignError(f"{args.archive} is not a campaign archive ({error}); nothing unpacked") from None
     records = {}
     for name, data in contents.items():
         if RUN_MEMBER.fullmatch(name):
@@ -721,16 +841,61 @@ def unpack(args: argparse.Namespace) -> int:
             if record.status != "finished" or not record.config_hash:
                 raise CampaignError(f"{name} in {args.archive} is not a finished run's record; nothing unpacked")
             records[name] = record
+    cells: dict[str, dict[str, bytes]] = {}
+    for name, data in contents.items():
+        if found := STATE_MEMBER.fullmatch(name):
+            cells.setdefault(found["folder"], {})[found["file"]] = data
     new = 0
     for name, data in sorted(contents.items()):
+        if STATE_MEMBER.fullmatch(name):
+            continue
         target = root / name if name.startswith("results/") else logs / name.removeprefix("campaign/")
         new += name in records and not target.exists()
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    restored = [restore_cell(output_dir / folder, files_of_cell) for folder, files_of_cell in sorted(cells.items())]
     runs = root / "results" / "runs"
     print(f"{len(records)} finished run records ({new} new) into {runs}, their curves into {runs / CURVES}")
+    for line in restored:
+        print(line)
     print(f"The campaign's status and log: {logs}")
+    if args.remove:  # the folder that carried them to this job is emptied once they are in place
+        for path in files:
+            path.unlink()
+        print(f"Removed {', '.join(path.name for path in files)}")
     return 0
+
+
+def restore_cell(folder: Path, files: dict[str, bytes]) -> str:
+    """Put an unfinished cell's carried files into its run folder, where the next ``start`` resumes it; unless the
+    folder already holds a run as far along (its last.ckpt at the same step or later, or finished)."""
+    from .results import RESULTS_FILE, read
+    from .train import checkpoint_step
+
+    if "checkpoints/last.ckpt" not in files:
+        return f"  {folder}: not restored, the archive holds no last.ckpt for it"
+    with tempfile.TemporaryDirectory() as scratch:  # the carried checkpoint's step, read as lra.train reads it
+        carried = Path(scratch) / "last.ckpt"
+        carried.write_bytes(files["checkpoints/last.ckpt"])
+        step = checkpoint_step(carried)
+    if step is None:
+        return f"  {folder}: not restored, its carried last.ckpt cannot be read"
+    here = read(folder / RESULTS_FILE)
+    if here is not None and here.status == "finished":
+        return f"  {folder}: not restored, it holds a finished run"
+    existing = checkpoint_step(folder / "checkpoints" / "last.ckpt")
+    if existing is not None and existing >= step:
+        return f"  {folder}: not restored, its own last.ckpt is at step {existing}, the archive's at {step}"
+    with run_lock.held(folder):  # no run writes into it meanwhile
+        if (folder / "checkpoints").is_dir():
+            shutil.rmtree(folder / "checkpoints")  # an older attempt's: its best checkpoint is not this run's
+        for name, data in sorted(files.items(), key=lambda item: item[0] == "results.json"):  # the record last
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = target.with_name(target.name + ".partial")
+            staging.write_bytes(data)
+            os.replace(staging, target)
+    return f"  {folder}: restored at step {step}; start resumes it there"
 
 
 # ---- measure: cells per hour against K -------------------------------------------------------------
@@ -876,6 +1041,24 @@ def parser() -> argparse.ArgumentParser:
     begin.add_argument("--results", type=Path, default=Path("results"), help="the committed results (runs/ is skipped)")
     begin.add_argument("--foreground", action="store_true", help="run in this process instead of in the background")
     begin.add_argument("--stop-after", type=float, default=None, metavar="S", help="after S seconds, interrupt the running cells")
+    begin.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the job ends S seconds from now: the cells are stopped --margin seconds before it and, with --pack, packed",
+    )
+    begin.add_argument(
+        "--margin",
+        type=float,
+        default=DEADLINE_MARGIN_S,
+        metavar="S",
+        help=f"with --deadline: time for the cells to save their state and for the pack (default {DEADLINE_MARGIN_S:g} s)",
+    )
+    begin.add_argument("--pack", type=Path, default=None, metavar="FILE", help="when the campaign ends, pack it into FILE")
+    begin.add_argument(
+        "--part-size", type=float, default=PART_SIZE_MIB, metavar="MIB", help="with --pack: the largest file it writes"
+    )
     begin.add_argument("--dry-run", action="store_true", help="list the cells and what would run, and exit")
     begin.add_argument("overrides", nargs="*", help="the sweep, as python -m lra.train -m takes it")
     with_dir(commands.add_parser("run", help="what start runs in the background: the planned campaign, in this process"))
@@ -885,8 +1068,18 @@ def parser() -> argparse.ArgumentParser:
     with_dir(commands.add_parser("stop", help="interrupt the campaign: running cells save their checkpoint"))
     wrap = with_dir(commands.add_parser("pack", help="the finished cells' committed records and curves, in one tar.gz"))
     wrap.add_argument("--out", type=Path, default=None, help="the archive (default: <dir>/campaign_runs.tar.gz)")
-    unwrap = commands.add_parser("unpack", help="a packed archive's records and curves into results/ of this folder")
-    unwrap.add_argument("archive", type=Path)
+    wrap.add_argument(
+        "--part-size",
+        type=float,
+        default=PART_SIZE_MIB,
+        metavar="MIB",
+        help=f"an archive larger than this is written as FILE.part000, FILE.part001, ... (default {PART_SIZE_MIB:g})",
+    )
+    unwrap = commands.add_parser(
+        "unpack", help="a packed archive's records and curves into results/, its unfinished cells into their run folders"
+    )
+    unwrap.add_argument("archive", type=Path, help="the archive, or any of its parts")
+    unwrap.add_argument("--remove", action="store_true", help="delete the archive (all its parts) once unpacked")
     curve = commands.add_parser("measure", help="cells per hour against K: cells_per_hour_<device>.{csv,png}")
     curve.add_argument("--parallel", required=True, help="the values of K, separated by commas (1,2,4,8)")
     curve.add_argument("--steps", type=int, default=200, help="steps of each copy (default 200)")

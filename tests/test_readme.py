@@ -221,15 +221,6 @@ RULES = [
         not_run="reads a campaign or the archive of one; tests/lra/test_campaign.py starts one, polls it, packs and unpacks it",
     ),
     Rule(
-        r"^(python3 -m lra\.|python3 -m pip install .*\.whl|export PYTHONPATH=/tmp/site)",
-        not_run="a GPU window's command, on the GPU machine",
-    ),
-    Rule(
-        r"^tar -xzf \S+\.tar\.gz -C results$",
-        not_run="unpacks a GPU window's archive (on the GPU machine or back here); tests/lra/test_bench_gpu.py unpacks one",
-    ),
-    Rule(r"^(mkdir -p \.whl|cp \.\./shared/device-wheels/)", not_run="copies the wheels a GPU window installs into the checkout"),
-    Rule(
         r"^python -m lra\.bench pathfinder_cnn",
         append=("--contour-lengths", "6", "--num-images", "100", "--steps", "4", "--eval-every", "2", "--batch-size", "16")
         + ("--generated-dir", "generated", "--quiet", "--out", "bench"),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+import hold_at_step
 import pytest
 import torch
 from tiny_listops import TINY
@@ -232,3 +235,177 @@ def test_stop_interrupts_the_campaign_process_that_holds_the_folder(tmp_path, ca
     finally:
         if holder.poll() is None:
             holder.kill()
+
+
+REHEARSAL = [  # two cells of 24 steps, evaluated every 4: long enough to be stopped twice on the way
+    "attention=softmax,none",
+    *[o for o in TINY if not o.startswith(("task.protocol.max_steps", "task.protocol.val_check_interval"))],
+    "task.protocol.max_steps=24",
+    "task.protocol.val_check_interval=4",
+    hold_at_step.OVERRIDE,
+]
+
+
+def job(root: Path, environment, deadline: float, hold_at: int | None, carried: list[Path]) -> tuple[str, list[Path]]:
+    """One short job on a bare machine: a fresh folder at its own path, the carried files unpacked, the campaign started
+    with the job's deadline and SIGKILLed at it if still there; what unpack said and the files it packed for the next."""
+    root.mkdir()
+    env = {**environment(root), **hold_at_step.environment(hold_at)}
+    said = ""
+    if carried:
+        (root / "carry").mkdir()
+        for path in carried:
+            shutil.copy(path, root / "carry" / path.name)
+        base = re.sub(r"\.part\d{3}$", "", carried[0].name)
+        said = command("lra.campaign", "unpack", str(root / "carry" / base), "--remove", cwd=root, env=env).stdout
+        assert not list((root / "carry").iterdir()), "--remove empties the folder the files came in"
+    argv = ["--deadline", str(deadline), "--margin", "15", "--pack", str(root / "out" / "campaign.tar.gz"), "--part-size", "0.25"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lra.campaign", "start", "--foreground", "--parallel", "2", *argv, *REHEARSAL],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        process.wait(timeout=deadline)
+    except subprocess.TimeoutExpired:  # the job's end: nothing is saved after this
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return said, sorted((root / "out").iterdir())
+
+
+@pytest.mark.slow
+def test_a_campaign_finishes_over_short_jobs_killed_at_their_deadlines_as_one_uninterrupted_run(tmp_path, environment):
+    """The dress rehearsal of a campaign on short GPU jobs, on the CPU: three jobs, each in a fresh folder at another
+    path and killed at its deadline, with only the packed files carried from one to the next."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    env = {**environment(reference), **hold_at_step.environment()}  # no step to hold at: one uninterrupted run
+    command("lra.campaign", "start", "--foreground", "--parallel", "2", *REHEARSAL, cwd=reference, env=env)
+
+    first_files = job(tmp_path / "job1", environment, 60, 9, [])[1]
+    assert len(first_files) > 1 and all(path.stat().st_size <= 2**18 for path in first_files), "parts of 0.25 MiB"
+    said2, second_files = job(tmp_path / "job2", environment, 60, 17, first_files)
+    restored = [int(step) for step in re.findall(r"restored at step (\d+)", said2)]
+    assert len(restored) == 2 and min(restored) >= 9, said2
+    said3, third_files = job(tmp_path / "job3", environment, 240, None, second_files)
+    restored = [int(step) for step in re.findall(r"restored at step (\d+)", said3)]
+    assert len(restored) == 2 and min(restored) >= 17, said3
+
+    home = tmp_path / "job3"
+    command("lra.campaign", "unpack", str(third_files[0]), cwd=home, env=environment(home))
+    assert "2 cells: 2 finished" in command("lra.campaign", "status", cwd=home, env=environment(home)).stdout
+
+    def finished(root: Path) -> dict[str, tuple[RunRecord, list[dict[str, str]]]]:
+        found = {}
+        for path in (root / "outputs" / "listops").rglob("results.json"):
+            record = RunRecord.read(path)
+            with open(path.parent / "metrics" / "metrics.csv", newline="") as file:
+                found[record.attention] = (record, list(csv.DictReader(file)))
+        return found
+
+    expected, got = finished(reference), finished(home)
+    assert set(expected) == set(got) == {"softmax", "none"}
+    for attention, (record, rows) in got.items():
+        want, want_rows = expected[attention]
+        assert record.status == "finished" and record.resumed_from, "resumed from the carried last.ckpt"
+        assert (record.best_val_step, record.best_val_acc) == (want.best_val_step, want.best_val_acc)
+        assert record.test_acc == pytest.approx(want.test_acc, abs=1e-6)
+        assert record.test_loss == pytest.approx(want.test_loss, rel=1e-5)
+        evaluations = [int(float(row["step"])) for row in rows if row.get("val/acc")]
+        assert evaluations == [int(float(row["step"])) for row in want_rows if row.get("val/acc")]
+        assert len(evaluations) == len(set(evaluations)) == 6, "every evaluation once"
+        best = list((Path(record.best_checkpoint).parent).glob("best-step*.ckpt"))
+        assert [path.name for path in best] == [Path(want.best_checkpoint).name]
+
+
+def test_an_archive_over_the_part_size_is_written_in_parts_that_read_back_whole(tmp_path):
+    data = bytes(range(256)) * 41  # 10,496 bytes
+    out = tmp_path / "carry" / "campaign.tar.gz"
+    paths = campaign.write_parts(data, out, 4096)
+    assert [path.name for path in paths] == [f"campaign.tar.gz.part{i:03d}" for i in range(3)]
+    assert [path.stat().st_size for path in paths] == [4096, 4096, 2304] and not out.exists()
+    for given in (out, paths[1]):  # the archive's name or any of its parts
+        assert campaign.read_parts(given) == (data, paths)
+    assert campaign.write_parts(data[:100], out, 4096) == [out]  # a smaller one later: the old parts go
+    assert sorted(p.name for p in out.parent.iterdir()) == ["campaign.tar.gz"]
+    campaign.write_parts(data, out, 4096)
+    paths[1].unlink()
+    with pytest.raises(CampaignError, match=r"missing its part\(s\) part001"):
+        campaign.read_parts(out)
+    with pytest.raises(CampaignError, match="--part-size must be positive"):
+        campaign.write_parts(data, out, 0)
+
+
+def checkpoint(path: Path, step: int, optimizer: bool = True) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = {"global_step": step, "state_dict": {"w": torch.full((4,), float(step))}}
+    torch.save({**content, "optimizer_states": [{"m": torch.zeros(4)}], "lr_schedulers": [{}]} if optimizer else content, path)
+
+
+def test_an_unfinished_cells_state_is_packed_small_and_restored_where_it_is_behind(tmp_path, monkeypatch):
+    """pack carries an interrupted cell's last.ckpt, best weights, metrics and record; unpack puts them in its run
+    folder under this machine's output folder, unless that folder is as far along already."""
+    monkeypatch.chdir(tmp_path)
+    outputs = tmp_path / "outputs"
+    folder = outputs / "listops" / "softmax" / "seed=0"
+    checkpoint(folder / "checkpoints" / "last.ckpt", 12)
+    checkpoint(folder / "checkpoints" / "best-step8.ckpt", 8)
+    (folder / "metrics").mkdir()
+    (folder / "metrics" / "metrics.csv").write_text("step,val/acc\n7,0.5\n")
+    RunRecord(task="listops", attention="softmax", status="interrupted", config_hash="abc").write(folder / "results.json")
+    cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 24, 0)
+    state = campaign.CellState(cell, "interrupted", "step 12/24")
+    members = campaign.unfinished_state(state, outputs)
+    prefix = "state/listops/softmax/seed=0"
+    assert sorted(members) == [
+        f"{prefix}/{name}"
+        for name in ("checkpoints/best-step8.ckpt", "checkpoints/last.ckpt", "metrics/metrics.csv", "results.json")
+    ]
+    best = torch.load(io.BytesIO(members[f"{prefix}/checkpoints/best-step8.ckpt"]), weights_only=False)
+    assert "optimizer_states" not in best and torch.equal(best["state_dict"]["w"], torch.full((4,), 8.0))
+    assert campaign.unfinished_state(campaign.CellState(cell, "running", ""), outputs) == {}  # being written
+
+    archive = tmp_path / "carry.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    elsewhere = tmp_path / "next-job"
+    elsewhere.mkdir()
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(elsewhere / "outputs"))
+    monkeypatch.chdir(elsewhere)
+    assert campaign.main(["unpack", str(archive)]) == 0
+    moved = elsewhere / "outputs" / "listops" / "softmax" / "seed=0"
+    assert (moved / "checkpoints" / "last.ckpt").read_bytes() == members[f"{prefix}/checkpoints/last.ckpt"]
+    assert RunRecord.read(moved / "results.json").status == "interrupted"
+    assert (moved / "metrics" / "metrics.csv").read_text() == "step,val/acc\n7,0.5\n"
+
+    # A folder already further along keeps its own state; one behind is replaced, its old best checkpoint gone.
+    checkpoint(moved / "checkpoints" / "last.ckpt", 16)
+    assert "its own last.ckpt is at step 16, the archive's at 12" in campaign.restore_cell(
+        moved, {name.removeprefix(prefix + "/"): data for name, data in members.items()}
+    )
+    checkpoint(moved / "checkpoints" / "last.ckpt", 4)
+    checkpoint(moved / "checkpoints" / "best-step4.ckpt", 4)
+    campaign.restore_cell(moved, {name.removeprefix(prefix + "/"): data for name, data in members.items()})
+    assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == ["best-step8.ckpt", "last.ckpt"]
+
+
+def test_unpack_refuses_an_archive_member_outside_a_run_folders_state(tmp_path, capsys):
+    archive = tmp_path / "bad.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("state/listops/softmax/seed=0/checkpoints/evil.py")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    assert campaign.main(["unpack", str(archive)]) == 2  # a user's mistake
+    assert "which is not part of a campaign archive; nothing unpacked" in capsys.readouterr().err
+
+
+def test_a_deadline_that_leaves_no_time_to_train_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    assert campaign.main(["start", "--dry-run", "--deadline", "60", "--margin", "90", "attention=softmax"]) == 2
+    assert "--deadline 60 s leaves no time to train before its --margin of 90 s" in capsys.readouterr().err

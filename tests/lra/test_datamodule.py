@@ -4,7 +4,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from lra.datamodule import LRADataModule
 
@@ -26,15 +25,45 @@ def epochs(loader, count=2):
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_one_process_reads_torchs_seeded_shuffle(split):
+def test_each_pass_is_a_shuffle_seeded_by_the_seed_the_split_and_the_pass(split):
     single = datamodule(batch_size=8)
     loader = single.train_dataloader() if split == "train" else single.val_dataloader()
-    offset = {"train": 0, "val": 1}[split]
-    reference = DataLoader(
-        list(range(SAMPLES)), batch_size=8, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(3 * 3 + offset)
-    )
-    assert epochs(loader) == epochs(reference)
+    base = 3 * 3 + {"train": 0, "val": 1}[split]
+
+    def reference(p):
+        order = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed((base * 0x9E3779B1 + p) % 2**32)).tolist()
+        return [order[i : i + 8] for i in range(0, SAMPLES - 7, 8)]
+
+    assert epochs(loader, 3) == [reference(0), reference(1), reference(2)]
+    assert reference(0) != reference(1)
     assert epochs(datamodule(batch_size=8, seed=4).train_dataloader()) != epochs(datamodule(batch_size=8).train_dataloader())
+
+
+def test_a_module_given_a_checkpoints_state_draws_what_the_uninterrupted_one_draws_next():
+    """A run resumed in another process goes on with the batches and the random numbers of the one it continues."""
+    first = datamodule(batch_size=8)
+    train, val = first.train_dataloader(), first.val_dataloader()
+    passes = iter(train)
+    [next(passes) for _ in range(5)]  # pass 0 whole: 5 batches
+    list(val)  # an evaluation
+    within = iter(train)
+    trained = [next(within) for _ in range(3)]  # 3 batches into pass 1 (the loader may have drawn ahead: not counted)
+    progress = SimpleNamespace(current=SimpleNamespace(processed=2))  # Lightning: 2 of them trained
+    first.trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    state = first.state_dict()
+    assert (state["train_passes"], state["train_batches"], state["val_passes"]) == (1, 2, 1)
+    dropout_after = torch.rand(4)
+
+    second = datamodule(batch_size=8)
+    torch.rand(100)  # whatever the new process drew before: the state replaces it
+    second.load_state_dict(state)
+    assert torch.equal(torch.rand(4), dropout_after)
+    again = second.train_dataloader()
+    resumed = [[batch.tolist() for batch in again] for _ in range(2)]
+    expected = [trained[2].tolist()] + [batch.tolist() for batch in within]
+    assert resumed == [expected, [batch.tolist() for batch in train]]  # the rest of pass 1, then pass 2
+    assert [b.tolist() for b in second.val_dataloader()] == [b.tolist() for b in val]  # the next evaluation's pass
+    assert datamodule(batch_size=8).state_dict() == {}  # nothing trained: no state
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
