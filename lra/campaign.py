@@ -50,6 +50,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -71,6 +72,7 @@ CELLS = "cells"  # <dir>/cells/<n>.log: a launched cell's console output; <n>.ex
 CURVES = "curves"  # results/runs/curves/<run file name>.csv: a packed cell's metrics.csv
 MEASURE_SEED = 1000  # measure's copies of a cell: seeds never swept, so nothing is skipped or overwritten
 BEST_SHARE = 0.95  # --parallel auto: the smallest K within this share of the best measured cells per hour
+FIRST_K = 2  # --parallel auto on a device with no measured curve yet: K until this job has measured it
 STOP_GRACE_S = 300  # how long a stopped cell may take to save its checkpoint before it is killed
 STATE = "state"  # an archive's unfinished cells: state/<cell folder under the output folder>/<file>
 PART_SIZE_MIB = 16.0  # pack: an archive larger than this is cut into parts of at most this size
@@ -283,8 +285,9 @@ def check_device(trainer: Any) -> None:
 
 
 def chosen_parallel(text: str, trainer: Any, results_dir: Path) -> int:
-    """``--parallel``: a whole number, or ``auto``: the smallest K whose measured cells per hour is within
-    :data:`BEST_SHARE` of the best, from ``cells_per_hour_<device>.csv`` of ``results_dir``."""
+    """``--parallel``: a whole number, or ``auto``: K from the cells per hour measured on this device
+    (``cells_per_hour_<device>.csv`` of ``results_dir``, written by ``measure`` and by every auto campaign), see
+    :func:`auto_parallel`; :data:`FIRST_K` where nothing is measured yet."""
     if text != "auto":
         try:
             value = int(text)
@@ -294,11 +297,20 @@ def chosen_parallel(text: str, trainer: Any, results_dir: Path) -> int:
         return value
     path = results_dir / f"cells_per_hour_{device_slug(trainer)}.csv"
     if not path.is_file():
-        raise CampaignError(
-            f"--parallel auto reads the measured curve {path}, which is missing; measure it "
-            "(python -m lra.campaign measure --parallel 1,2,4,8 ...) or give --parallel K"
-        )
-    return best_parallel(read_rows(path))
+        print(f"--parallel auto: nothing measured on this device yet ({path}): K = {FIRST_K}, and this campaign measures it")
+        return FIRST_K
+    return auto_parallel(read_rows(path), cores())
+
+
+def auto_parallel(rows: list[dict[str, str]], machine_cores: int) -> int:
+    """The K a campaign runs: the smallest K within :data:`BEST_SHARE` of the best measured cells per hour, unless
+    the best is the largest K measured and still gained on the K before it (or is the only one): then twice it (at
+    most a cell per core), so that each job measures a K that may be better until one stops gaining."""
+    best = best_parallel(rows)
+    rates = {int(r["parallel"]): float(r["cells_per_hour"]) for r in rows if r.get("cells_per_hour") not in ("", "nan")}
+    below = [k for k in rates if k < best]
+    gained = not below or rates[best] > rates[max(below)] / BEST_SHARE
+    return min(2 * best, machine_cores) if best == max(rates) and gained and 2 * best <= machine_cores else best
 
 
 def best_parallel(rows: list[dict[str, str]]) -> int:
@@ -432,6 +444,8 @@ def start(args: argparse.Namespace) -> int:
     plan = {
         "overrides": args.overrides,
         "parallel": share.parallel,
+        "parallel_auto": args.parallel == "auto",
+        "device": device_slug(trainer),
         "threads_per_cell": share.threads,
         "workers_per_cell": share.workers,
         "cores": cores(),
@@ -573,6 +587,8 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     # A stopped cell gets until the deadline's margin is half spent to save its state, then it is killed.
     grace = min(STOP_GRACE_S, plan["margin_s"] / 2) if plan.get("stop_at") else STOP_GRACE_S
     running: dict[int, tuple[subprocess.Popen, Cell, float]] = {}
+    first_step: dict[int, int] = {}  # each launched cell's step when it was launched (a resumed one's is not 0)
+    training_since: float | None = None
     queue = list(todo)
     ended = []
     signalled = False
@@ -602,6 +618,8 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
                     stderr=subprocess.STDOUT,
                 )
             running[cell.index] = (process, cell, time.monotonic())
+            first_step.setdefault(cell.index, progress(Path(cell.folder))[0] or 0)
+            training_since = training_since or time.monotonic()
             log.info("launched %s (pid %d, %d running)", cell.name, process.pid, len(running))
         time.sleep(0.5)
         for index, (process, cell, started) in list(running.items()):
@@ -617,9 +635,49 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
 
     lines, failed = summary([{"folder": cell.folder} for cell in ended]) if ended else ([], 0)
     log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
+    if plan.get("parallel_auto") and training_since is not None:
+        trained = sum((progress(Path(c.folder))[0] or 0) - first_step[c.index] for c in ended if c.index in first_step)
+        log.info("Measured: %s", record_throughput(plan, ended, trained, time.monotonic() - training_since))
     if plan.get("pack"):  # what the next job needs, before this one ends
         log.info("Packed: %s", write_pack(campaign, plan, Path(plan["pack"]), plan["part_size_mib"]))
     return 1 if failed or stopping.why else 0
+
+
+def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wall: float) -> str:
+    """Add what this campaign trained, at its K, to the device's cells-per-hour curve (``--parallel auto`` reads it,
+    the next job too once packed), replacing an earlier campaign's row of the same K; the row, in words. Measured on
+    the real cells, start-up and evaluations included, so it is a lower bound like ``measure``'s."""
+    from . import results
+
+    path = Path(plan["runs_dir"]).parent / f"cells_per_hour_{plan['device']}.csv"
+    paper_steps = statistics.mean(cell.max_steps for cell in ended) if ended else 1
+    steps_per_hour = trained * 3600 / max(wall, 1e-9)
+    label = f"campaign of {len(plan['cells'])} cells: {' '.join(plan['overrides'])}"
+    row = {
+        "device": plan["device"],
+        "parallel": plan["parallel"],
+        "threads_per_cell": plan["threads_per_cell"],
+        "workers_per_cell": plan["workers_per_cell"],
+        "steps": trained,
+        "paper_steps": round(paper_steps),
+        "wall_s": round(wall, 1),
+        "cell_steps_per_hour": round(steps_per_hour),
+        "cells_per_hour": round(steps_per_hour / paper_steps, 3),
+        "speedup": "",
+        "mean_steps_per_second": round(steps_per_hour / 3600 / plan["parallel"], 3),
+        "max_peak_memory_mb": "",
+        "finished": f"{len(ended)} cells ran",
+        "cell": label,
+        "commit": results.git_commit(),
+    }
+    earlier = read_rows(path) if path.is_file() else []
+    kept = [
+        {**r, "parallel": int(r["parallel"]), "cells_per_hour": float(r["cells_per_hour"] or "nan")}
+        for r in earlier
+        if not (r["cell"].startswith("campaign of ") and int(r["parallel"]) == plan["parallel"])
+    ]
+    write_curve(sorted([*kept, row], key=lambda r: r["parallel"]), path)
+    return f"K = {plan['parallel']}: {trained} steps in {wall:.0f} s, {row['cells_per_hour']} cells per hour, in {path}"
 
 
 # ---- status, stop ----------------------------------------------------------------------------------
@@ -715,6 +773,9 @@ def write_pack(campaign: Path, plan: dict[str, Any], out: Path, part_size_mib: f
             members[f"campaign/failed/{state.cell.index}.log"] = "\n".join(
                 train_log.read_text(errors="replace").splitlines()[-200:]
             ).encode()
+    curve = Path(plan["runs_dir"]).parent / f"cells_per_hour_{plan.get('device', '')}.csv"
+    if curve.is_file():  # what --parallel auto chooses K from, measured so far
+        members[f"results/{curve.name}"] = curve.read_bytes()
     members["campaign/status.txt"] = (status_text(campaign, plan) + "\n").encode()
     members[f"campaign/{PLAN_FILE}"] = (campaign / PLAN_FILE).read_bytes()
     if (campaign / LOG_FILE).is_file():
@@ -806,6 +867,7 @@ def read_parts(path: Path) -> tuple[bytes, list[Path]]:
 RUN_MEMBER = re.compile(r"results/runs/[\w.,+=@-]+\.json")
 CURVE_MEMBER = re.compile(rf"results/runs/{CURVES}/[\w.,+=@-]+\.csv")
 CAMPAIGN_MEMBER = re.compile(r"campaign/[\w./-]+")
+CURVE_FILE_MEMBER = re.compile(r"results/cells_per_hour_\w+\.csv")
 STATE_MEMBER = re.compile(
     rf"{STATE}/(?P<folder>[\w.,+=@/-]+)/(?P<file>checkpoints/last\.ckpt|checkpoints/best-step\d+\.ckpt|"
     r"metrics/metrics\.csv|results\.json)"
@@ -823,7 +885,7 @@ def unpack(args: argparse.Namespace) -> int:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
             members = archive.getmembers()
             for member in members:
-                patterns = (RUN_MEMBER, CURVE_MEMBER, CAMPAIGN_MEMBER, STATE_MEMBER)
+                patterns = (RUN_MEMBER, CURVE_MEMBER, CAMPAIGN_MEMBER, STATE_MEMBER, CURVE_FILE_MEMBER)
                 if not member.isfile() or not any(p.fullmatch(member.name) for p in patterns) or ".." in member.name.split("/"):
                     raise CampaignError(
                         f"{args.archive} holds {member.name!r}, which is not part of a campaign archive; nothing unpacked"

@@ -67,6 +67,28 @@ def test_k_cells_divide_the_cores_and_data_loader_workers():
 def test_auto_takes_the_smallest_k_near_the_best_measured_rate():
     rows = [{"parallel": str(k), "cells_per_hour": str(rate)} for k, rate in ((1, 10), (2, 19), (4, 30), (8, 31), (16, 29))]
     assert campaign.best_parallel(rows) == 4  # 30 >= 0.95 * 31
+    assert campaign.auto_parallel(rows, 16) == 4
+
+
+def curve(*points):
+    return [{"parallel": str(k), "cells_per_hour": str(rate)} for k, rate in points]
+
+
+def test_auto_tries_twice_the_best_k_while_the_largest_measured_one_still_gains():
+    """Each job measures its K (the campaign's own row): K doubles while it pays, and settles where it stops."""
+    assert campaign.auto_parallel(curve((2, 10)), 16) == 4  # one K measured: try the next
+    assert campaign.auto_parallel(curve((2, 10), (4, 18)), 16) == 8  # 4 gained on 2: try 8
+    assert campaign.auto_parallel(curve((2, 10), (4, 18), (8, 18.5)), 16) == 4  # 8 gained under 5%: the smallest near the best
+    assert campaign.auto_parallel(curve((2, 10), (4, 18)), 4) == 4  # never more cells than cores
+    assert campaign.auto_parallel(curve((2, 10), (4, 9)), 16) == 2  # 4 lost: stay at 2
+
+
+def test_auto_with_nothing_measured_runs_two_cells_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    argv = ["start", "--dry-run", "--parallel", "auto", "--results", str(tmp_path / "results"), "attention=softmax,none"]
+    assert campaign.main(argv) == 0
+    said = capsys.readouterr().out
+    assert "--parallel auto: nothing measured on this device yet" in said and "2 cells, 2 at a time" in said
 
 
 @pytest.mark.parametrize(
@@ -76,7 +98,6 @@ def test_auto_takes_the_smallest_k_near_the_best_measured_rate():
         (["start", "--parallel", "0", "attention=softmax"], "--parallel must be at least 1, got 0", 2),
         (["start", "--parallel", "many"], "--parallel must be a whole number of cells at once or auto", 2),
         (["start", "attention=sofmax"], "attention=sofmax is not an attention; did you mean softmax?", 2),
-        (["start", "--parallel", "auto", "attention=softmax"], "--parallel auto reads the measured curve", 2),
         (["measure", "--parallel", "1,0", "attention=softmax"], "--parallel must be at least 1, got 0", 2),
         (["status"], "no campaign in", 1),
         (["pack"], "no campaign in", 1),
@@ -246,7 +267,9 @@ REHEARSAL = [  # two cells of 24 steps, evaluated every 4: long enough to be sto
 ]
 
 
-def job(root: Path, environment, deadline: float, hold_at: int | None, carried: list[Path]) -> tuple[str, list[Path]]:
+def job(
+    root: Path, environment, deadline: float, hold_at: int | None, carried: list[Path], parallel: str = "2"
+) -> tuple[str, list[Path]]:
     """One short job on a bare machine: a fresh folder at its own path, the carried files unpacked, the campaign started
     with the job's deadline and SIGKILLed at it if still there; what unpack said and the files it packed for the next."""
     root.mkdir()
@@ -261,7 +284,7 @@ def job(root: Path, environment, deadline: float, hold_at: int | None, carried: 
         assert not list((root / "carry").iterdir()), "--remove empties the folder the files came in"
     argv = ["--deadline", str(deadline), "--margin", "15", "--pack", str(root / "out" / "campaign.tar.gz"), "--part-size", "0.25"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "lra.campaign", "start", "--foreground", "--parallel", "2", *argv, *REHEARSAL],
+        [sys.executable, "-m", "lra.campaign", "start", "--foreground", "--parallel", parallel, *argv, *REHEARSAL],
         cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -285,11 +308,15 @@ def test_a_campaign_finishes_over_short_jobs_killed_at_their_deadlines_as_one_un
     env = {**environment(reference), **hold_at_step.environment()}  # no step to hold at: one uninterrupted run
     command("lra.campaign", "start", "--foreground", "--parallel", "2", *REHEARSAL, cwd=reference, env=env)
 
-    first_files = job(tmp_path / "job1", environment, 60, 9, [])[1]
+    first_files = job(tmp_path / "job1", environment, 60, 9, [], parallel="auto")[1]  # nothing measured: K = 2
     assert len(first_files) > 1 and all(path.stat().st_size <= 2**18 for path in first_files), "parts of 0.25 MiB"
     said2, second_files = job(tmp_path / "job2", environment, 60, 17, first_files)
     restored = [int(step) for step in re.findall(r"restored at step (\d+)", said2)]
     assert len(restored) == 2 and min(restored) >= 9, said2
+    # The first job measured its K on the real cells, and the measurement came along for the next one's auto.
+    measured = list(csv.DictReader((tmp_path / "job2" / "results" / "cells_per_hour_cpu.csv").read_text().splitlines()))
+    assert [(row["parallel"], row["cell"].split(":")[0]) for row in measured] == [("2", "campaign of 2 cells")]
+    assert int(measured[0]["steps"]) >= 8 and float(measured[0]["cells_per_hour"]) > 0
     said3, third_files = job(tmp_path / "job3", environment, 240, None, second_files)
     restored = [int(step) for step in re.findall(r"restored at step (\d+)", said3)]
     assert len(restored) == 2 and min(restored) >= 17, said3
