@@ -169,8 +169,22 @@ class CheckpointOnInterrupt(Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._training = False
-        if trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module):
             trainer.save_checkpoint(self.path, weights_only=False)
+
+
+def diverged(module: pl.LightningModule) -> bool:
+    """Whether the module's loss has been non-finite since its last check: its state must not be saved then (the
+    last.ckpt of the latest evaluation stays, the last finite state)."""
+    from .module import Diverged
+
+    try:
+        check = getattr(module, "check_divergence", None)
+        if check is not None:
+            check()
+    except Diverged:
+        return True
+    return False
 
 
 def something_due_after(trainer: pl.Trainer) -> bool:

@@ -11,6 +11,7 @@ so its parameters and checkpoints keep their names.
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,19 @@ DEFAULT_COMPILE_BACKEND = "inductor"  # what trainer.compile=true compiles with
 # trainer.compile_mode: Inductor's modes (torch.compile's mode); reduce-overhead replays the compiled graphs as CUDA graphs.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class Diverged(RuntimeError):
+    """Training's loss became non-finite: the run stops there and is recorded as diverged, never as a result."""
+
+    def __init__(self, step: int, last_finite_loss: float | None) -> None:
+        last = f"the last finite loss {last_finite_loss:.4g}" if last_finite_loss is not None else "no finite loss before it"
+        super().__init__(
+            f"training diverged: the loss is not finite from step {step} ({last}); no checkpoint holds a state from "
+            "after it. Try a lower task.protocol.lr or a longer task.protocol.warmup_steps, or trainer.precision=32 if "
+            "it ran in bf16"
+        )
+        self.step = step
 
 
 class LRAModule(pl.LightningModule):
@@ -72,6 +86,10 @@ class LRAModule(pl.LightningModule):
         self.spec = get_spec(task)
         self.model_config = ModelConfig.from_dict(model)
         self.attention_config = AttentionConfig(**attention)
+        # Kept on the device, so that watching for a non-finite loss costs no wait for it at every step: the first
+        # step whose loss was not finite (-1: none yet) and the latest finite loss; read where the host waits anyway.
+        self._first_nonfinite_step: torch.Tensor | None = None
+        self._last_finite_loss: torch.Tensor | None = None
 
     # Set by compile_model when the network replays CUDA graphs: each step then marks its start for them.
     marks_cuda_graph_steps = False
@@ -133,6 +151,7 @@ class LRAModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss, accuracy = self.training_loss(batch)
+        self.watch_for_divergence(loss)
         # Logged only at the steps that write a metrics row (trainer.log_every_n_steps), where the logger reads them (a
         # wait for the device). Not as prog_bar values, which Lightning reads at every batch's end while they are
         # current: lra.callbacks.StepProgressBar shows them, read at those same steps.
@@ -140,6 +159,34 @@ class LRAModule(pl.LightningModule):
             self.log("train/loss", loss, on_step=True, on_epoch=False)
             self.log("train/acc", accuracy, on_step=True, on_epoch=False)
         return loss
+
+    def watch_for_divergence(self, loss: torch.Tensor) -> None:
+        """Note, on the device, the first step whose loss is not finite and the latest finite loss."""
+        if self._first_nonfinite_step is None or self._first_nonfinite_step.device != loss.device:
+            self._first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._last_finite_loss = torch.full((), math.nan, device=loss.device)
+        finite = torch.isfinite(loss.detach())
+        first_time = ~finite & (self._first_nonfinite_step < 0)
+        self._first_nonfinite_step = torch.where(first_time, self.global_step, self._first_nonfinite_step)
+        self._last_finite_loss = torch.where(finite, loss.detach().float(), self._last_finite_loss)
+
+    def check_divergence(self) -> None:
+        """Raise :class:`Diverged` if a step's loss was not finite (a wait for the device: call it where one is due)."""
+        if self._first_nonfinite_step is None or (step := int(self._first_nonfinite_step)) < 0:
+            return
+        last = float(self._last_finite_loss)
+        raise Diverged(step, None if math.isnan(last) else last)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        from .callbacks import something_due_after  # it reads this module's metrics_row_due
+
+        # Before anything that reads the state (an evaluation, its checkpoints, a metrics row), and so never into
+        # a checkpoint; at the other steps the device is not waited for.
+        if self._trainer is None or something_due_after(self._trainer):
+            self.check_divergence()
+
+    def on_train_end(self) -> None:
+        self.check_divergence()  # the steps after the last check: the run ends without a result
 
     def _evaluation_step(self, batch: dict[str, torch.Tensor], split: str) -> None:
         loss = self.evaluation_loss(batch, split)

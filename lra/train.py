@@ -390,11 +390,14 @@ def recorded(
     """Run a stage with its record kept in ``results.json``; yields the function that writes it.
 
     Any failure, from a bad setting to an error in training, is recorded (status ``failed``), logged (the
-    message on the console, the traceback in train.log) and raised as :class:`RunFailed`. An interrupt is
+    message on the console, the traceback in train.log) and raised as :class:`RunFailed`; a loss that became
+    non-finite likewise, as ``diverged`` (:class:`lra.module.Diverged`), with the step. An interrupt is
     recorded as such, and a record still ``running`` at the end (a skipped run) is not written. A rerun that
     fails or is interrupted before its first step puts the finished run it replaces back instead (``earlier``).
     """
     from pytorch_lightning.utilities.rank_zero import rank_zero_only  # Lightning: only for a run that trains
+
+    from .module import Diverged
 
     results_path = output_dir / results.RESULTS_FILE
     write = rank_zero_only(lambda: record.write(results_path))  # one process of a distributed run writes it
@@ -402,6 +405,15 @@ def recorded(
     kept = f"the earlier finished run is back in {output_dir} as it was (rerun=true replaces it once the new run trains a step)"
     try:
         yield write
+    except Diverged as error:  # a result of its settings, not an error of the harness: never a table's cell
+        record.update(status="diverged", error=str(error), steps=error.step)
+        file_log.error("%s diverged", cell, exc_info=error)
+        log.error("error: %s %s", cell, error)
+        if earlier.put_back_unless_trained():
+            log.error("It diverged before its first step: %s", kept)
+        else:
+            log.error("Recorded as diverged in %s: the table lists it under its failed runs, not as a result", results_path)
+        raise RunFailed(record) from error
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         file_log.error("%s failed", cell, exc_info=error)

@@ -603,3 +603,39 @@ def test_a_logger_whose_package_is_missing_is_one_clear_message(tmp_path, run_tr
         pytest.skip("wandb is installed here; the project does not require it, so CI has none")
     process = run_train("logger=wandb", check=False)
     assert_one_clear_message(process, "the logger (pytorch_lightning.loggers.WandbLogger) needs a package", "RuntimeError")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("diverges_at", ["before an evaluation", "after evaluations"])
+def test_a_run_whose_loss_becomes_non_finite_stops_is_recorded_as_diverged_and_is_no_result(tmp_path, run_train, diverges_at):
+    """A loss that becomes NaN stops the run with one message and exit status 1; its record says diverged at that step,
+    no checkpoint holds a non-finite weight, and the table lists it under its failed runs, never as a cell."""
+    # The tiny model's loss is NaN from step 2 at lr 1e6; from step 5 at 1e5 warmed up slowly, after the evaluation of step 3.
+    lr, warmup = ("1e6", "2") if diverges_at == "before an evaluation" else ("1e5", "58")
+    extra = [f"task.protocol.lr={lr}", "task.protocol.max_steps=60", f"task.protocol.warmup_steps={warmup}"]
+    process = run_train(*extra, check=False)
+    assert process.returncode == 1
+    said = process.stdout + process.stderr
+    assert said.count("training diverged: the loss is not finite from step") == 1 and "Traceback" not in said
+    [path] = (tmp_path / "outputs").rglob("results.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "diverged" and record.get("test_acc") is None and isinstance(record["steps"], int)
+    assert f"from step {record['steps']} " in record["error"]
+    checkpoints = sorted((path.parent / "checkpoints").glob("*.ckpt"))
+    assert bool(checkpoints) == (diverges_at == "after evaluations")
+    for checkpoint in checkpoints:
+        weights = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+        assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point()), checkpoint
+        assert torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"] <= record["steps"]
+    table = subprocess.run(
+        [sys.executable, "-m", "lra.table"],
+        cwd=tmp_path,
+        env={**os.environ, "LRA_OUTPUT_DIR": str(tmp_path / "outputs")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert table.returncode == 0, table.stderr
+    cells = pd.read_csv(tmp_path / "outputs" / "comparison.csv")
+    assert cells.empty or "softmax" not in set(cells.get("row", []))
+    assert "diverged: training diverged" in (tmp_path / "outputs" / "comparison.md").read_text()
