@@ -400,6 +400,9 @@ def cell_states(campaign: Path, plan: dict[str, Any]) -> list[CellState]:
             states.append(CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}"))
         elif holder := run_lock.holder(folder):
             states.append(CellState(cell, "running", f"{steps} ({holder})"))
+        elif (record := results.read(folder / results.RESULTS_FILE)) and record.status == "diverged":
+            # Its settings make it diverge: run again, it would again. Not run, and its record goes on from job to job.
+            states.append(CellState(cell, "diverged", f"{steps}: {(record.error or '').splitlines()[0][:160]}"))
         elif launched and exit_file.is_file():
             record = results.read(folder / results.RESULTS_FILE)
             status = record.status if record and record.status in ("failed", "interrupted") else "failed"
@@ -566,7 +569,7 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     stopping = Stopping()
     log.info("%s; pid %d on %s", describe(plan), os.getpid(), socket.gethostname())
     states = cell_states(campaign, plan)
-    todo = [state.cell for state in states if state.status not in ("finished", "committed")]
+    todo = [state.cell for state in states if state.status not in ("finished", "committed", "diverged")]
     log.info("%d cells finished or committed, %d to run", len(states) - len(todo), len(todo))
     if todo:
         # YOSO's kernels build (a minute on a bare GPU machine) while the data is prepared, not after it: every
@@ -688,7 +691,7 @@ def status_text(campaign: Path, plan: dict[str, Any]) -> str:
     holder = run_lock.holder(campaign)
     counts = {
         name: sum(s.status == name for s in states)
-        for name in ("finished", "committed", "running", "failed", "interrupted", "pending")
+        for name in ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
     }
     lines = [describe(plan), f"Campaign process: {'running, ' + holder if holder else 'not running'}"]
     lines.append(
@@ -769,7 +772,7 @@ def write_pack(campaign: Path, plan: dict[str, Any], out: Path, part_size_mib: f
         members.update(carried)
     for state in states:  # what went wrong, to read back home: the end of each failed cell's train.log
         train_log = Path(state.cell.folder) / "train.log"
-        if state.status in ("failed", "interrupted") and train_log.is_file():
+        if state.status in ("failed", "diverged", "interrupted") and train_log.is_file():
             members[f"campaign/failed/{state.cell.index}.log"] = "\n".join(
                 train_log.read_text(errors="replace").splitlines()[-200:]
             ).encode()
@@ -803,9 +806,12 @@ def unfinished_state(state: CellState, output_dir: Path) -> dict[str, bytes]:
     cell without a last.ckpt (it starts afresh anyway) or a running one (its files are being written)."""
     folder = Path(state.cell.folder)
     last = folder / "checkpoints" / "last.ckpt"
+    prefix = f"{STATE}/{folder.relative_to(output_dir).as_posix()}"
+    if state.status == "diverged":  # its verdict travels, so that no later job trains it again
+        names = [name for name in ("results.json", "metrics/metrics.csv") if (folder / name).is_file()]
+        return {f"{prefix}/{name}": (folder / name).read_bytes() for name in names}
     if state.status not in ("failed", "interrupted", "pending") or not last.is_file():
         return {}
-    prefix = f"{STATE}/{folder.relative_to(output_dir).as_posix()}"
     members = {f"{prefix}/checkpoints/last.ckpt": last.read_bytes()}
     for best in folder.glob("checkpoints/best-step*.ckpt"):
         members[f"{prefix}/checkpoints/{best.name}"] = weights_only(best)
@@ -931,11 +937,17 @@ def unpack(args: argparse.Namespace) -> int:
 def restore_cell(folder: Path, files: dict[str, bytes]) -> str:
     """Put an unfinished cell's carried files into its run folder, where the next ``start`` resumes it; unless the
     folder already holds a run as far along (its last.ckpt at the same step or later, or finished)."""
-    from .results import RESULTS_FILE, read
+    from .results import RESULTS_FILE, RunRecord, read
     from .train import checkpoint_step
 
     if "checkpoints/last.ckpt" not in files:
-        return f"  {folder}: not restored, the archive holds no last.ckpt for it"
+        carried = json.loads(files.get("results.json", b"{}"))
+        if carried.get("status") != "diverged":
+            return f"  {folder}: not restored, the archive holds no last.ckpt for it"
+        if read(folder / RESULTS_FILE) is None:  # a diverged cell's record alone: start does not train it again
+            folder.mkdir(parents=True, exist_ok=True)
+            RunRecord.from_dict(carried).write(folder / RESULTS_FILE)
+        return f"  {folder}: diverged (its record restored; start leaves it)"
     with tempfile.TemporaryDirectory() as scratch:  # the carried checkpoint's step, read as lra.train reads it
         carried = Path(scratch) / "last.ckpt"
         carried.write_bytes(files["checkpoints/last.ckpt"])

@@ -436,3 +436,27 @@ def test_a_deadline_that_leaves_no_time_to_train_is_refused(tmp_path, capsys, mo
     monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
     assert campaign.main(["start", "--dry-run", "--deadline", "60", "--margin", "90", "attention=softmax"]) == 2
     assert "--deadline 60 s leaves no time to train before its --margin of 90 s" in capsys.readouterr().err
+
+
+def test_a_diverged_cell_is_not_trained_again_and_its_verdict_goes_to_the_next_job(tmp_path, monkeypatch):
+    outputs = tmp_path / "outputs"
+    folder = outputs / "listops" / "softmax" / "seed=0"
+    checkpoint(folder / "checkpoints" / "last.ckpt", 3)  # the last finite state: never carried, never resumed
+    error = "training diverged: the loss is not finite from step 5 (the last finite loss 2.3)"
+    RunRecord(task="listops", attention="softmax", status="diverged", config_hash="abc", error=error).write(
+        folder / "results.json"
+    )
+    cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 24, 0)
+    plan = {"cells": [cell.__dict__], "output_dir": str(outputs), "runs_dir": str(tmp_path / "results" / "runs")}
+    campaign_dir = tmp_path / "campaign"
+    campaign_dir.mkdir()
+    [state] = campaign.cell_states(campaign_dir, plan)
+    assert state.status == "diverged" and "from step 5" in state.detail
+    members = campaign.unfinished_state(state, outputs)
+    assert sorted(members) == ["state/listops/softmax/seed=0/results.json"]
+
+    elsewhere = tmp_path / "next" / "outputs" / "listops" / "softmax" / "seed=0"
+    said = campaign.restore_cell(elsewhere, {"results.json": members["state/listops/softmax/seed=0/results.json"]})
+    assert "diverged" in said and RunRecord.read(elsewhere / "results.json").status == "diverged"
+    plan_there = {**plan, "cells": [{**cell.__dict__, "folder": str(elsewhere)}], "output_dir": str(tmp_path / "next")}
+    assert [s.status for s in campaign.cell_states(campaign_dir, plan_there)] == ["diverged"]
