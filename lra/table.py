@@ -909,6 +909,7 @@ def write_all(
         shown = {base_row(label) for section in table.sections for label in section.rows}
         if missing := [row for row in rows if row not in shown]:
             having = sorted({base_row(record.row) for record in records if record.status == "finished" and record.row})
+            check_rows(missing, {base_row(record.row) for record in records if record.row}, having)
             print(f"note: no finished runs of {', '.join(missing)}; rows with finished runs: {', '.join(having) or 'none'}")
     default = default_name(published, rows)
     name = name or default
@@ -920,6 +921,24 @@ def write_all(
     paths[3].write_text(latex(table))
     figure(table, paths[4])
     return paths
+
+
+def check_rows(missing: list[str], recorded: set[str], having: list[str]) -> None:
+    """``--rows`` names without a finished run must at least be rows: registered attentions or presets, or rows
+    some record has; a name that is neither (a typo) is an error before anything is written."""
+    import difflib
+
+    import attention_zoo
+
+    known = {*attention_zoo.available(), *attention_zoo.presets(), *recorded}
+    if unknown := [row for row in missing if row not in known]:
+        hints = [
+            f"{row} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(row, known, 1)) else row for row in unknown
+        ]
+        raise SystemExit(
+            f"error: --rows names no attention, preset or recorded row: {', '.join(hints)}; rows with finished runs: "
+            f"{', '.join(having) or 'none'}. Nothing was written."
+        )
 
 
 def default_name(published: PaperTable, rows: str | tuple[str, ...]) -> str:

@@ -549,9 +549,14 @@ def test_lra_table_without_paper_writes_the_comparison_and_rows_picks_them(tmp_p
     assert not results.exists(), "a plain lra.table never writes into results/"
     text = (outputs / "comparison.md").read_text()
     assert text.index("| none |") < text.index("| cosine | **30.50 ± 0.50**† | – |")
-    table.main([*args, "--rows", "cosine,missing", "--name", "mine"])
-    assert "note: no finished runs of missing; rows with finished runs: cosine, none" in capsys.readouterr().out
+    table.main([*args, "--rows", "cosine,linformer", "--name", "mine"])  # a registered row without runs: a note
+    assert "note: no finished runs of linformer; rows with finished runs: cosine, none" in capsys.readouterr().out
     assert "| none |" not in (outputs / "mine.md").read_text() and "| cosine |" in (outputs / "mine.md").read_text()
+    # A name that is no row at all (a typo) is an error, and nothing is written (the earlier tables stay as they were).
+    before = {path: path.read_bytes() for path in outputs.glob("*") if path.is_file()}
+    with pytest.raises(SystemExit, match=r"--rows names no attention, preset or recorded row: cosin \(did you mean cosine\?\)"):
+        table.main([*args, "--rows", "cosin", "--name", "mine"])
+    assert {path: path.read_bytes() for path in outputs.glob("*") if path.is_file()} == before
     table.main([*args, "--paper", "lra_table1", "--rows", "all"])
     assert "beside the Long Range Arena paper's Table 1" in (outputs / "comparison_lra_table1.md").read_text()
 
