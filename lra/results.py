@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import resource
@@ -239,6 +240,7 @@ class RunRecord:
     error: str | None = None
     wall_time_s: float | None = None
     finished_at: str | None = None
+    non_finite: dict[str, str] | None = None  # a measured number that was NaN or infinite (JSON has none): null, and here
     nulls: set[str] = field(default_factory=set, repr=False, compare=False)  # the keys recorded as null
 
     def update(self, **values: Any) -> None:
@@ -279,10 +281,15 @@ class RunRecord:
     def to_dict(self, committed: bool = False) -> dict[str, Any]:
         """What ``results.json`` holds, its version first; ``committed``: without the machine's paths."""
         values = {VERSION_KEYS[self.record_version]: self.record_version}
+        non_finite = dict(self.non_finite or {})
         for key in RECORD_KEYS:
             value = getattr(self, key)
-            if (value is not None or key in self.nulls) and not (committed and key in MACHINE_KEYS):
+            if isinstance(value, float) and not math.isfinite(value):  # json.dumps would write NaN, which is not JSON
+                value, non_finite[key] = None, str(value)
+            if (value is not None or key in self.nulls or key in non_finite) and not (committed and key in MACHINE_KEYS):
                 values[key] = value
+        if non_finite:
+            values["non_finite"] = non_finite
         return values
 
     def write(self, path: Path, committed: bool = False) -> None:
@@ -290,7 +297,7 @@ class RunRecord:
         the machine's paths and with its keys sorted."""
         path = Path(path)
         staging = path.with_suffix(".json.tmp")
-        text = json.dumps(self.to_dict(committed), indent=2, sort_keys=committed, default=str)
+        text = json.dumps(self.to_dict(committed), indent=2, sort_keys=committed, default=str, allow_nan=False)
         staging.write_text(text + "\n")
         os.replace(staging, path)
 

@@ -133,3 +133,19 @@ def test_precision_is_part_of_the_config_hash_but_float32_keeps_the_hash_runs_ha
     short = defining_config(config.compose(["task.protocol.max_steps=20", "trainer.precision=bf16"]))
     assert results.config_hash(short) == results.config_hash(bf16), "Lightning's short name is the same precision"
     assert RunRecord(precision="32").configuration()["precision"] == "32-true"
+
+
+def test_a_non_finite_number_is_recorded_as_null_with_what_it_was_so_the_record_stays_json(tmp_path):
+    from lra.results import RunRecord
+
+    record = RunRecord(task="listops", attention="softmax", status="finished", test_acc=0.2, test_loss=float("nan"))
+    record.update(steps_per_second=float("inf"))
+    path = tmp_path / "results.json"
+    record.write(path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    values = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert values["test_loss"] is None and values["steps_per_second"] is None and values["test_acc"] == 0.2
+    assert values["non_finite"] == {"test_loss": "nan", "steps_per_second": "inf"}
+    again = RunRecord.read(path)
+    assert again.test_loss is None and again.non_finite == {"test_loss": "nan", "steps_per_second": "inf"}
