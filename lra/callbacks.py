@@ -201,6 +201,23 @@ def something_due_after(trainer: pl.Trainer) -> bool:
     return evaluates or trainer.global_step % trainer.log_every_n_steps == 0
 
 
+class RunIdentity(Callback):
+    """Stamps every checkpoint with the run it belongs to (its configuration hash and seed, under the callbacks' state
+    ``RunIdentity``), so that a resume, a test or a carried folder can tell a foreign checkpoint from its own
+    (:func:`checkpoint_identity`). Lightning would resume any checkpoint whose shapes fit."""
+
+    def __init__(self, config_hash: str, seed: int) -> None:
+        self.identity = {"config_hash": config_hash, "seed": seed}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.identity)
+
+
+def checkpoint_identity(contents: dict[str, Any]) -> dict[str, Any] | None:
+    """The :class:`RunIdentity` a checkpoint's contents carry; None for one written without it."""
+    return contents.get("callbacks", {}).get(RunIdentity.__qualname__)
+
+
 class RunFolderCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` whose state follows the run folder when the folder moves.
 

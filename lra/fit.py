@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from . import results
-from .callbacks import CheckpointOnInterrupt, steps_per_second
+from .callbacks import CheckpointOnInterrupt, RunIdentity, steps_per_second
 from .datamodule import LRADataModule
 from .module import (
     LRAClassificationModule,
@@ -148,11 +148,14 @@ def build_module(cfg: DictConfig, stage: str, init_from: Path | None) -> LRAModu
     return module
 
 
-def build_trainer(cfg: DictConfig, output_dir: Path, resume_from: Path | None, arguments: dict[str, Any]) -> pl.Trainer:
+def build_trainer(
+    cfg: DictConfig, output_dir: Path, resume_from: Path | None, arguments: dict[str, Any], identity: RunIdentity | None = None
+) -> pl.Trainer:
     """The Trainer of ``conf/trainer`` with the callbacks of ``conf/callbacks``, the logger of ``conf/logger`` and the
     protocol's steps and evaluation schedule."""
     protocol = cfg.task.protocol
     callbacks = [instantiate(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()]
+    callbacks += [identity] if identity is not None else []
     if not cfg.trainer.enable_progress_bar:  # Lightning refuses a progress bar callback it was told not to show
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
@@ -221,10 +224,12 @@ def fit_and_test(
     headline: str,
     stage: str = CLASSIFICATION,
     init_from: Path | None = None,
+    config_hash: str | None = None,
 ) -> dict[str, Any]:
     """Train ``stage``'s model (from ``resume_from`` if given; the classifier's encoder from the pretraining checkpoint
     ``init_from``), test its best-validation checkpoint; return the :class:`lra.results.RunRecord` keys it measured
     (none on a distributed run's ranks other than 0, which do not test). ``headline`` is logged with the parameter count.
+    ``config_hash`` (the record's) stamps every checkpoint (:class:`lra.callbacks.RunIdentity`).
     """
     arguments, compile_with, mode = trainer_arguments(cfg)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -233,7 +238,8 @@ def fit_and_test(
     log.info("%s, %s parameters", headline, f"{sum(p.numel() for p in module.parameters()):,}")
     if compile_with is not None:
         compile_model(module, compile_with, mode)
-    trainer = build_trainer(cfg, output_dir, resume_from, arguments)
+    identity = RunIdentity(config_hash, cfg.seed) if config_hash else None
+    trainer = build_trainer(cfg, output_dir, resume_from, arguments, identity)
     results.reset_peak_memory(trainer.strategy.root_device)
     on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     with without_known_warnings(), on_interrupt.stop_between_steps() if on_interrupt else nullcontext():

@@ -372,6 +372,7 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
     last = last_checkpoint(cfg)
     resume_from = None
     if previous is not None and previous.config_hash == record.config_hash and last.is_file():
+        check_belongs(last, record)
         resume_from = record.resumed_from = str(last)
         log.info("Resuming the interrupted run from %s", resume_from)
     world_size = processes(cfg.trainer)
@@ -381,6 +382,30 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
             "the protocol's batch is the total over all devices"
         )
     return (Path(resume_from) if resume_from else None), world_size
+
+
+def check_belongs(checkpoint: Path, record: RunRecord) -> None:
+    """Refuse to resume from a checkpoint that another configuration's run wrote (one copied or moved in from
+    elsewhere): its weights, optimizer and schedule would be trained on and recorded as this configuration's."""
+    from .callbacks import checkpoint_identity
+    from .module import read_checkpoint
+
+    try:
+        contents = read_checkpoint(checkpoint)
+    except ValueError:  # one that holds more than tensors and plain data: read_checkpoint's own message
+        raise
+    except Exception as error:  # a write cut short, a disk that filled up
+        raise ValueError(
+            f"{checkpoint} cannot be read ({type(error).__name__}: {str(error)[:120]}): it is damaged, perhaps by a write "
+            "cut short; delete it to train this configuration from the start"
+        ) from None
+    identity = checkpoint_identity(contents)
+    if identity is not None and identity.get("config_hash") != record.config_hash:
+        raise ValueError(
+            f"{checkpoint} is a checkpoint of another configuration (config {identity.get('config_hash')}, seed "
+            f"{identity.get('seed')}), not of this run's ({record.config_hash}, seed {record.seed}): move it away or "
+            "delete it to train this configuration from the start"
+        )
 
 
 @contextmanager
@@ -514,7 +539,10 @@ def run_stage(cfg: DictConfig, output_dir: Path, row: str | None, stage: str, pr
             init_from = None if resume_from else checkpoint  # a resumed run's own checkpoint holds the pretrained start
         protocol = cfg.task.protocol
         headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
-        record.update(**fit_and_test(cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from))
+        trained = fit_and_test(
+            cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from, config_hash=record.config_hash
+        )
+        record.update(**trained)
         record.status = "finished"
     if record.test_acc is not None:  # rank 0's record; the other processes of a distributed run do not test
         log.info(

@@ -270,11 +270,25 @@ def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, ear
         previous.write(tmp_path / results.RESULTS_FILE)
     if checkpoint:
         last_checkpoint(cfg).parent.mkdir(parents=True)
-        last_checkpoint(cfg).write_bytes(b"state")
+        torch.save({"global_step": 3}, last_checkpoint(cfg))  # a checkpoint written before run identities
     resume_from, world_size = prepare(cfg, record, tmp_path)
     assert world_size == 1
     assert resume_from == (last_checkpoint(cfg) if resumes else None)
     assert record.resumed_from == (str(last_checkpoint(cfg)) if resumes else None)
+
+
+def test_a_damaged_last_checkpoint_is_named_with_the_fix_before_training(tmp_path):
+    from lra import results
+    from lra.train import checked, last_checkpoint, new_record, prepare, record_configuration
+
+    cfg, _ = checked(config.compose([f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]), results.CLASSIFICATION)
+    record = new_record(cfg, None, results.CLASSIFICATION)
+    record_configuration(record, cfg, results.CLASSIFICATION)
+    record.write(tmp_path / results.RESULTS_FILE)
+    last_checkpoint(cfg).parent.mkdir(parents=True)
+    last_checkpoint(cfg).write_bytes(b"")  # a kill during the save left it empty
+    with pytest.raises(ValueError, match=r"last\.ckpt cannot be read \(.*\): it is damaged, perhaps by a write cut short"):
+        prepare(cfg, record, tmp_path)
 
 
 def assert_one_clear_message(process, message, exception):
@@ -639,3 +653,22 @@ def test_a_run_whose_loss_becomes_non_finite_stops_is_recorded_as_diverged_and_i
     cells = pd.read_csv(tmp_path / "outputs" / "comparison.csv")
     assert cells.empty or "softmax" not in set(cells.get("row", []))
     assert "diverged: training diverged" in (tmp_path / "outputs" / "comparison.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_last_checkpoint_of_another_configuration_is_refused_not_resumed(tmp_path, run_train):
+    """A last.ckpt copied in from a run of another configuration (same shapes, another learning rate) was resumed
+    silently, its optimizer and schedule recorded as this run's. Every checkpoint now carries its run's identity."""
+    other = run_train("task.protocol.lr=1e-2")  # finished: its folder keeps its last.ckpt
+    assert other.returncode == 0
+    killed = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment(kill_at_step=4))
+    assert killed.returncode != 0
+    status = {path.parent: json.loads(path.read_text())["status"] for path in (tmp_path / "outputs").rglob("results.json")}
+    [theirs] = [folder for folder, value in status.items() if value == "finished"]
+    [ours] = [folder for folder, value in status.items() if value != "finished"]
+    shutil.copy(theirs / "checkpoints" / "last.ckpt", ours / "checkpoints" / "last.ckpt")
+    refused = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment())
+    assert refused.returncode == 1
+    said = refused.stdout + refused.stderr
+    assert f"{ours / 'checkpoints' / 'last.ckpt'} is a checkpoint of another configuration" in said, said[-2000:]
+    assert json.loads((ours / "results.json").read_text())["status"] == "failed"
