@@ -138,10 +138,10 @@ def device_name(device: torch.device) -> str:
 def reset_peak_memory(device: torch.device) -> None:
     """Start this run's peak afresh: a Hydra multirun trains every job in one process, and a peak
     kept from the previous job made every later one report the largest so far (all 11 presets
-    after Linformer showed 821.3 MB on the lent H100)."""
+    after Linformer showed 821.3 MB on an H100 (2026-11-25))."""
     if device.type == "cuda":
         # Before CUDA's first use there is no peak to reset, and the allocator refuses the call
-        # ("Invalid device argument": every preset's first GPU run failed so on the lent H100).
+        # ("Invalid device argument": every preset's first GPU run failed so on an H100 (2026-11-25)).
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats(device)
         return

@@ -34,7 +34,7 @@ CUDA, torch; each step's command, status, duration and key figures) rendered fro
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
 the others, so the steps can be split across sessions (each step has a timeout, ``--timeout``).
 
-For a lent machine, whose commands have a time limit and whose files come back only from one folder:
+For a short GPU job, whose commands have a time limit and whose files come back only from one folder:
 
 - ``--budget S``: S seconds for the whole command, counted from its start. Each step's timeout becomes the smaller
   of its own and what is left; a step is not started while under :data:`MIN_STEP_S` (30 s) are left, and is
@@ -595,7 +595,7 @@ def load_record(out: Path, order: list[str]) -> dict:
 MIN_STEP_S = 30.0  # --budget: a step starts only while at least this much of the budget is left
 KERNEL_STEPS = ("tests", "memcheck", "racecheck", "kernels")  # nothing to do without YOSO's CUDA kernels
 ARCHIVE_SKIPS = (".ckpt", ".pt", ".pth", ".partial")  # never archived: checkpoints, unfinished archives
-ARCHIVE_LIMIT = 16 * 2**20  # what one file back from a lent machine may weigh
+ARCHIVE_LIMIT = 16 * 2**20  # what one file brought back from a short GPU job may weigh (a common cap)
 
 
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:
@@ -715,7 +715,8 @@ def run_steps(
             size = write_archive(archive, out, members)
             print(f"    {archive}: {len(members)} files, {size / 1024:.0f} KiB", flush=True)
             if size > ARCHIVE_LIMIT:
-                print(f"    warning: over {ARCHIVE_LIMIT / 2**20:.0f} MiB, more than one file back from a lent machine may weigh")
+                limit = ARCHIVE_LIMIT / 2**20
+                print(f"    warning: over {limit:.0f} MiB, more than one file brought back from a short GPU job may weigh")
     return statuses
 
 

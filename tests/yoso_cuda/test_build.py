@@ -257,7 +257,7 @@ def test_the_built_library_shares_torchs_cpp_runtime():
 
 
 def static_cxx(folder: Path) -> Path:
-    """A CXX wrapper that links libstdc++ statically, as the lent H100 machine's /opt/gcc/bin/g++ did;
+    """A CXX wrapper that links libstdc++ statically, as an H100 machine's /opt/gcc/bin/g++ did (2026-11-25);
     skips where this machine's compiler cannot."""
     if shutil.which("c++") is None or not sys.platform.startswith("linux"):
         pytest.skip("needs a C++ compiler on Linux")
@@ -299,7 +299,7 @@ def test_the_environment_is_restored_after_the_build(monkeypatch):
 
 @pytest.mark.slow
 def test_a_cxx_that_links_libstdcxx_statically_gives_way_to_a_system_compiler(tmp_path):
-    """The lent H100 machine's CXX linked libstdc++ statically and every error the kernels raised
+    """An H100 machine's CXX (2026-11-25) linked libstdc++ statically and every error the kernels raised
     segfaulted; a window's build then refused. Here such a wrapper builds for real: the build takes
     a system compiler instead, says so, and the library shares torch's C++ runtime."""
     wrapper = static_cxx(tmp_path)
