@@ -151,7 +151,7 @@ class LRAModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss, accuracy = self.training_loss(batch)
-        self.watch_for_divergence(loss)
+        self.watch_for_divergence(loss, self.global_step)
         # Logged only at the steps that write a metrics row (trainer.log_every_n_steps), where the logger reads them (a
         # wait for the device). Not as prog_bar values, which Lightning reads at every batch's end while they are
         # current: lra.callbacks.StepProgressBar shows them, read at those same steps.
@@ -160,14 +160,14 @@ class LRAModule(pl.LightningModule):
             self.log("train/acc", accuracy, on_step=True, on_epoch=False)
         return loss
 
-    def watch_for_divergence(self, loss: torch.Tensor) -> None:
+    def watch_for_divergence(self, loss: torch.Tensor, step: int) -> None:
         """Note, on the device, the first step whose loss is not finite and the latest finite loss."""
         if self._first_nonfinite_step is None or self._first_nonfinite_step.device != loss.device:
             self._first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=loss.device)
             self._last_finite_loss = torch.full((), math.nan, device=loss.device)
         finite = torch.isfinite(loss.detach())
         first_time = ~finite & (self._first_nonfinite_step < 0)
-        self._first_nonfinite_step = torch.where(first_time, self.global_step, self._first_nonfinite_step)
+        self._first_nonfinite_step = torch.where(first_time, step, self._first_nonfinite_step)
         self._last_finite_loss = torch.where(finite, loss.detach().float(), self._last_finite_loss)
 
     def check_divergence(self) -> None:

@@ -222,8 +222,8 @@ MUTANTS = [
         "testing_error_overwrites_last",
         "lra/callbacks.py",
         "an error while testing overwrites last.ckpt",
-        "if trainer.state.fn == TrainerFn.FITTING:",
-        "if True:",
+        "if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module):",
+        "if not diverged(pl_module):",
         CALLBACKS,
     ),
     Mutant(
@@ -233,6 +233,22 @@ MUTANTS = [
         "if previous is not None and previous.config_hash == record.config_hash and last.is_file():",
         "if previous is not None and last.is_file():",
         TRAIN,
+    ),
+    Mutant(
+        "resume_redraws_the_epoch",
+        "lra/datamodule.py",
+        "a resumed run draws its interrupted pass's batches from the start again",
+        'order.skip = self.resume_from.get(f"{split}_batches", 0) * self.batch_size * world_size',
+        "order.skip = 0",
+        ("tests/lra/test_datamodule.py",),
+    ),
+    Mutant(
+        "diverged_run_is_a_result",
+        "lra/module.py",
+        "a run whose loss became non-finite trains to the end and is recorded as finished",
+        "if self._first_nonfinite_step is None or (step := int(self._first_nonfinite_step)) < 0:",
+        "if True:",
+        MODEL,
     ),
     # The table's rules.
     Mutant(

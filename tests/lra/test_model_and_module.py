@@ -305,3 +305,16 @@ def test_a_short_training_takes_the_losses_of_the_previous_step(attention):
     now, before = torch.stack(losses["now"]), torch.stack(losses["before"])
     torch.testing.assert_close(now, before, rtol=1e-6, atol=0.0)  # they differ by about 1e-7
     assert (now[1:] != now[0]).all()  # the parameters moved: later losses test the updates too
+
+
+def test_the_first_non_finite_training_loss_is_noted_on_the_device_and_raised_with_its_step_when_checked():
+    from lra.module import Diverged
+
+    lra_module = module()
+    for step, loss in enumerate([2.5, 2.25, float("nan"), float("inf"), 1.0]):
+        lra_module.watch_for_divergence(torch.tensor(loss), step)
+        if step == 1:
+            lra_module.check_divergence()  # all finite so far: nothing to say
+    with pytest.raises(Diverged, match=r"not finite from step 2 \(the last finite loss 1\)") as raised:
+        lra_module.check_divergence()
+    assert raised.value.step == 2  # the first non-finite step, not a later one; the last finite loss is the latest
