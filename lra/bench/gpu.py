@@ -32,7 +32,8 @@ of ``train_cuda.{csv,png}`` and ``train_cuda_profile/``, each step's full output
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
-the others, so the steps can be split across sessions (each step has a timeout, ``--timeout``).
+the others, so the steps can be split across GPU jobs (each step has a timeout, ``--timeout``). Commands and logs
+name files relative to the checkout and the interpreter as ``python``, so a record reads the same on any machine.
 
 For a short GPU job, whose commands have a time limit and whose files come back only from one folder:
 
@@ -258,12 +259,17 @@ def plan(
     return {step.name: step for step in steps}
 
 
+def portable(text: str) -> str:
+    """``text`` with this checkout's absolute paths made relative to it and the interpreter called ``python``."""
+    return text.replace(sys.executable, "python").replace(f"{ROOT}{os.sep}", "").replace(str(ROOT), ".")
+
+
 def run_step(step: Step, log_path: Path) -> tuple[str, float]:
     """Run ``step`` with its output into ``log_path``; its status and duration."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        log.write(f"$ {' '.join(step.command)}\n# env: {step.env}\n")
+        log.write(portable(f"$ {' '.join(step.command)}\n# env: {step.env}\n"))
         log.flush()
         process = subprocess.Popen(
             step.command,
@@ -280,6 +286,7 @@ def run_step(step: Step, log_path: Path) -> tuple[str, float]:
             process.wait()
             log.write(f"\n# stopped after the step's timeout of {step.timeout_s:.0f} s\n")
             status = "timeout"
+    log_path.write_text(portable(log_path.read_text(errors="replace")))
     return status, time.perf_counter() - start
 
 
@@ -686,7 +693,7 @@ def run_steps(
             log = str(log_path.relative_to(out))
         result = StepResult(
             step.name,
-            " ".join(step.command),
+            portable(" ".join(step.command)),
             status,
             round(duration, 1),
             figures,

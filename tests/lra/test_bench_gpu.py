@@ -70,6 +70,16 @@ def test_a_step_that_fails_or_outlives_its_timeout_is_recorded_and_stopped(tmp_p
     assert "stopped after the step's timeout of 2 s" in (tmp_path / "sleeper.log").read_text()
 
 
+def test_a_steps_log_names_the_checkout_relatively_and_the_interpreter_as_python(tmp_path):
+    """A record committed from one machine reads the same on another: no absolute paths of the machine it ran on."""
+    script = f"print({str(gpu.ROOT / 'results' / 'x.csv')!r}); print({str(gpu.ROOT)!r})"
+    step = gpu.Step("paths", [sys.executable, "-c", script, str(gpu.ROOT / "results")], 60)
+    assert gpu.run_step(step, tmp_path / "paths.log")[0] == "passed"
+    log = (tmp_path / "paths.log").read_text()
+    assert log.startswith("$ python -c ") and " results\n" in log.splitlines(keepends=True)[0]
+    assert "\nresults/x.csv\n.\n" in log and str(gpu.ROOT) not in log and sys.executable not in log
+
+
 CHECK_LOG = """cpu kernels: loaded (/x/yoso_kernels_cpu.so)
 cuda kernels: loaded (/x/yoso_kernels_cuda.so, archs 9.0 (the visible GPUs))
 cpu   lsh_cumulation                             PASS  max |error| 0.00e+00 over 12 comparisons
@@ -162,7 +172,7 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
     assert "| train | failed | 12 s | not recorded | `python -m train` |" in summary
     assert "## kernels: passed" in summary and "- bfloat16 d=64 n=65536 forward+backward: yoso_32 25.50 ms" in summary
 
-    # A later session running other steps keeps these, in step order.
+    # A later run of other steps keeps these, in step order.
     reloaded = gpu.load_record(out, STEPS)
     assert list(reloaded["steps"]) == ["check", "kernels", "train"]
     assert reloaded["steps"]["kernels"]["figures"] == figures["kernels"][0]
@@ -227,7 +237,7 @@ def test_a_budget_caps_the_running_step_and_skips_the_steps_it_leaves_no_time_fo
     assert [saved[name]["figures"] for name in ("memcheck", "racecheck")] == [[reason], [reason]]
     assert saved["memcheck"]["earlier"] is None and saved["racecheck"]["earlier"] == earlier.__dict__
     summary = (out / "gpu_validation_cuda.md").read_text()
-    assert f"## racecheck: skipped\n\n`{sys.executable} -c" in summary and f"- {reason}\n" in summary
+    assert "## racecheck: skipped\n\n`python -c" in summary and f"- {reason}\n" in summary
     assert "- before: passed in 62 s (2026-11-25), kept here:\n  - RACECHECK SUMMARY: 0 hazards\n" in summary
     assert "| memcheck | skipped | 0 s |" in summary
 
