@@ -18,7 +18,7 @@ resumes from its ``last.ckpt`` where it was interrupted. The K processes divide 
 workers (``num_workers``, never more than the configuration's). Before the first cell, the data of every
 cell is generated and prepared once (under its lock), so K cells do not all wait for it.
 
-``start`` returns at once: the campaign runs in a process of its own session, writing its log into
+``start`` returns at once: the campaign runs detached (`setsid`), writing its log into
 ``<dir>/campaign.log`` (``--foreground`` runs it in place). The campaign's folder (``--dir``, default
 ``<output folder>/campaign``) holds its plan (``campaign.json``), the log, and each launched cell's
 console output (``cells/<n>.log``). ``status`` lists the cells (finished, committed, running with their

@@ -116,12 +116,12 @@ def test_an_unknown_yoso_kernels_setting_is_a_clear_error(monkeypatch):
         build.build()
 
 
-# ---- builds in subprocesses, on a copy of this session's CPU library -------------------------------
+# ---- builds in subprocesses, on a copy of this test run's CPU library ------------------------------
 
 
 @pytest.fixture(scope="module")
 def extensions(tmp_path_factory):
-    """An extensions folder holding a copy of this session's built CPU library (so nothing recompiles it)."""
+    """An extensions folder holding a copy of this test run's built CPU library (so nothing recompiles it)."""
     report = ops.kernels()
     if not report.cpu.loaded:
         pytest.skip(f"the CPU kernels are not built here: {report.cpu.reason}")
@@ -205,7 +205,7 @@ def test_a_stale_lock_from_a_killed_build_does_not_hang_the_next(extensions):
 
 
 def test_the_cuda_library_adds_a_cuda_kernel_to_every_op():
-    """Where the CUDA kernels are wanted (CI sets TORCH_CUDA_ARCH_LIST), this session loaded them
+    """Where the CUDA kernels are wanted (CI sets TORCH_CUDA_ARCH_LIST), this test run loaded them
     after the CPU library (compiled once, by `python -m yoso_cuda` in CI, then cached)."""
     report = ops.kernels()
     if not report.cuda.wanted:
