@@ -140,7 +140,7 @@ def check_overrides(overrides: list[str]) -> None:
                 raise CampaignError(f"experiment={unknown[0]} is not an experiment; the choices: {', '.join(experiments())}")
             if "," in value:
                 raise CampaignError("a campaign runs one experiment; start one campaign per experiment")
-    if problem := config.unknown_attention(overrides):
+    if problem := config.unknown_option(overrides):
         raise CampaignError(problem)
 
 

@@ -130,24 +130,38 @@ def attention_rows() -> list[str]:
     return sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
 
 
-def attention_choices() -> list[str]:
-    """Every ``attention=`` option: the rows of ``conf/attention/`` and every registered attention and preset, sorted."""
+def group_choices(group: str) -> list[str] | None:
+    """Every option of the config group ``group`` (``attention``, ``task``, ``hydra/launcher``, ...), sorted; None
+    where ``group`` is not a group. An ``attention=`` option is a row of ``conf/attention/`` or any registered
+    attention or preset."""
     register()
     with hydra.initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        return GlobalHydra.instance().config_loader().get_group_options("attention")
+        loader = GlobalHydra.instance().config_loader()
+        parent, _, leaf = group.rpartition("/")
+        return loader.get_group_options(group) if leaf in loader.list_groups(parent) else None
 
 
-def unknown_attention(overrides: Iterable[str]) -> str | None:
-    """The error for an ``attention=NAME`` override (or a sweep's ``attention=a,b``) naming no option: the closest
-    option and every choice, where Hydra would print its search path."""
-    choices = attention_choices()
+def attention_choices() -> list[str]:
+    """Every ``attention=`` option, sorted."""
+    return group_choices("attention") or []
+
+
+def unknown_option(overrides: Iterable[str]) -> str | None:
+    """The error for an override ``GROUP=NAME`` of a config group (or a sweep's ``GROUP=a,b``) whose NAME is not one
+    of the group's options: the closest option and every choice, in one line, where Hydra would print its search
+    path."""
     for override in overrides:
         key, _, value = override.partition("=")
-        if key.lstrip("+") != "attention" or not value or "(" in value or "$" in value:
-            continue  # not the group, or a sweep function / interpolation Hydra resolves itself
-        for name in value.split(","):
-            if name.strip() not in choices:
-                close = difflib.get_close_matches(name.strip(), choices, n=1)
+        group = key.lstrip("+~")
+        if not value or any(mark in value for mark in "($[{") or "." in group:
+            continue  # a sweep function, an interpolation, a list, or a value rather than a group
+        choices = group_choices(group)
+        if choices is None:
+            continue
+        for name in (part.strip() for part in value.split(",")):
+            if name not in choices:
+                close = difflib.get_close_matches(name, choices, n=1)
                 hint = f"did you mean {close[0]}? " if close else ""
-                return f"attention={name.strip()} is not an attention; {hint}The choices: {', '.join(choices)}"
+                what = "an attention" if group == "attention" else f"an option of {group}"
+                return f"{group}={name} is not {what}; {hint}The choices: {', '.join(choices)}"
     return None

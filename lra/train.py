@@ -597,7 +597,7 @@ def cli() -> None:
     """``python -m lra.train`` and ``lra-train``: the overrides Hydra would refuse with its own words are refused
     first, in one line that names the fix; then the run."""
     arguments = sys.argv[1:]
-    if problem := config.unknown_attention(arguments):
+    if problem := config.unknown_option(arguments):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     if problem := unknown_hparam_overrides(arguments) or renamed_model_overrides(arguments):

@@ -163,12 +163,27 @@ def test_a_yaml_of_the_same_name_is_the_option():
 
 
 def test_an_unknown_attention_names_the_closest_choice_and_every_choice():
-    problem = config.unknown_attention(["task=listops", "attention=softmx"])
+    problem = config.unknown_option(["task=listops", "attention=softmx"])
     assert problem.startswith("attention=softmx is not an attention; did you mean softmax? The choices: ")
     assert "yoso_32" in problem and "performer_lra" in problem
-    assert config.unknown_attention(["attention=softmax,yoso"]) is None
-    assert config.unknown_attention(["attention=none,yoso_33"]).startswith("attention=yoso_33 is not an attention; did")
-    assert config.unknown_attention(["attention.hparams.dropout=0.0", "experiment=table3"]) is None
+    assert config.unknown_option(["attention=softmax,yoso"]) is None
+    assert config.unknown_option(["attention=none,yoso_33"]).startswith("attention=yoso_33 is not an attention; did")
+    assert config.unknown_option(["attention.hparams.dropout=0.0", "experiment=table3"]) is None
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("task=listopz", "task=listopz is not an option of task; did you mean listops? The choices: image, listops, "),
+        ("experiment=tabel3", "experiment=tabel3 is not an option of experiment; did you mean table3? The choices: "),
+        ("trainer=gpus", "trainer=gpus is not an option of trainer; did you mean gpu? The choices: "),
+        ("+logger=tensorbord", "logger=tensorbord is not an option of logger; did you mean tensorboard? The choices: "),
+        ("hydra/launcher=submitit_slrum", "hydra/launcher=submitit_slrum is not an option of hydra/launcher; did you "),
+    ],
+)
+def test_every_config_group_names_the_closest_choice_of_an_unknown_option(override, expected):
+    assert config.unknown_option(["seed=0,1", override]).startswith(expected)
+    assert config.unknown_option(["task=listops,text", "trainer=cpu", "logger=csv", "hydra/launcher=joblib"]) is None
 
 
 def test_help_lists_the_choices_and_the_common_command_lines():

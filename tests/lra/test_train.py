@@ -324,6 +324,10 @@ def test_unknown_attention_lists_the_available_ones(tmp_path, run_train):
         assert line.startswith("error: attention=sofmax is not an attention; did you mean softmax? The choices: ")
         assert "none" in line and "yoso_32" in line and "search path" not in line.lower()
     assert not (tmp_path / "outputs").exists(), "nothing ran"
+    process = run_train("task=listopz", check=False)
+    assert process.returncode == 1 and "search path" not in process.stderr.lower()
+    (line,) = process.stderr.strip().splitlines()
+    assert line.startswith("error: task=listopz is not an option of task; did you mean listops? The choices: ")
 
 
 @pytest.mark.slow
