@@ -350,6 +350,22 @@ def compose_config(overrides: list[str]) -> None:
     config.compose(overrides, return_hydra_config=True)
 
 
+def test_a_slurm_sweep_on_gpus_asks_slurm_for_them_and_for_more_than_the_default_hour():
+    """submitit's defaults are no GPU and 60 minutes: a GPU sweep that kept them would train on no GPU, or be killed
+    long before a cell of the paper's protocol ends (an interrupted cell resumes, but every hour restarts it)."""
+    slurm = [command for command in COMMANDS if "hydra/launcher=submitit_slurm" in command and "trainer=" in command]
+    assert slurm, "the README and the docs show a SLURM sweep on GPUs"
+    for command in slurm:
+        first, _ = sweep_lists(shlex.split(command)[4:])
+        from lra import config
+
+        cfg = config.compose(first, return_hydra_config=True)
+        devices = cfg.trainer.get("devices", 1)
+        devices = devices if isinstance(devices, int) else 1
+        assert cfg.hydra.launcher.gpus_per_node and cfg.hydra.launcher.gpus_per_node >= devices, command
+        assert cfg.hydra.launcher.timeout_min > 60, command
+
+
 def test_sweep_lists_cover_every_value():
     first, every = sweep_lists(["-m", "task=listops,pathfinder", "attention=softmax,yoso_32", "seed=0,1,2", "trainer=gpu"])
     assert first == ["task=listops", "attention=softmax", "seed=0", "trainer=gpu"]
