@@ -43,9 +43,9 @@ def test_no_tracked_file_speaks_of_the_machines_it_was_built_on(pattern):
     assert not found, f"write {OUTSIDE_WORDS[pattern]!r} instead:\n" + "\n".join(found)
 
 
-def test_the_check_finds_such_a_word(tmp_path):
+def test_the_check_finds_such_a_word():
     """The patterns match what they are meant to (a pattern that matches nothing would pass anything)."""
-    samples = ["on the lent H200", "in a GPU window of 15 minutes", "the first session's", "../shared/device-wheels", "/work/main/x"]
+    samples = ["on the lent H200", "a GPU window of 15 minutes", "the first session's", "../shared/x", "/work/main/x"]
     for sample, pattern in zip(samples, OUTSIDE_WORDS, strict=True):
         assert re.search(pattern, sample, flags=re.IGNORECASE), (pattern, sample)
     assert not any(re.search(p, "a sliding window of 512 keys", flags=re.IGNORECASE) for p in OUTSIDE_WORDS)
