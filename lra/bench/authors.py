@@ -266,7 +266,7 @@ def commit_of(folder: Path | None, given: str | None) -> str:
     return found.stdout.strip() if found.returncode == 0 else "unknown"
 
 
-def measured(step: Callable[[], object], device: torch.device) -> float:
+def seconds_of_one_call(step: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call, the device synchronised before and after."""
     synchronize(device)
     start = time.perf_counter()
@@ -327,8 +327,8 @@ def compare_row(row: str, args, modules: dict[str, types.ModuleType], batch: dic
     theirs(), ours()
     their_times, our_times = [], []
     for _ in range(args.rounds):
-        their_times.append(measured(theirs, device))
-        our_times.append(measured(ours, device))
+        their_times.append(seconds_of_one_call(theirs, device))
+        our_times.append(seconds_of_one_call(ours, device))
     ratios = [their / our for their, our in zip(their_times, our_times, strict=True)]
     return {
         "their_attention": attn_type,
