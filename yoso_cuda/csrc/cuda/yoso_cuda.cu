@@ -6,6 +6,11 @@
 // at::globalContext().deterministicAlgorithms(); there is a single path. CI runs these kernels on
 // the CPU under yoso_cuda/emulator in three schedules and with sanitizers.
 //
+// hash_codes keeps a vector's Hadamard transforms in registers up to width 256 (hash_codes_warp_kernel:
+// a vector per warp, or per 2-16 lanes of one below width 32, its butterflies exchanged by warp
+// shuffles), in one block's shared memory above (hash_codes_kernel); both give the CPU kernel's
+// codes bit for bit.
+//
 // Every cumulation runs on a counting sort with direct lookup by default: per segment (batch row b,
 // hash h) a table of 2^tau bucket ends and the real rows' indices in bucket order (bucket_index_kernel,
 // one block per segment sorting 2048 rows at a time in shared memory, one launch for one side or for
@@ -191,6 +196,97 @@ __global__ void __launch_bounds__(kBlock) hash_codes_kernel(
       }
     }
     __syncthreads();  // the next rotation overwrites x
+  }
+}
+
+// hash_codes in registers, for widths up to kWarp * kMaxPerLane: a vector per `lanes` threads of one
+// warp (lanes = min(width, 32)), coordinate e = k * lanes + lane in register k of lane `lane`. The
+// butterfly stages of half-length below `lanes` pair registers of two lanes (__shfl_xor_sync), the
+// longer ones two registers of one lane; the stages run in the order of hash_codes_kernel (half 1, 2,
+// 4, ...) with the same rounded operations, so the codes are bitwise its codes, without shared memory
+// or a block-wide barrier per stage. A code's bits are gathered from each register's warp ballot.
+constexpr int kMaxPerLane = 8;
+
+template <int kPerLane>
+__device__ __forceinline__ unsigned code_bits(const unsigned (&signs_positive)[kPerLane], int first, int count,
+                                              int lanes) {
+  unsigned code = 0;
+  for (int i = 0; i < count; ++i) {
+    const int e = first + i;
+    code |= ((signs_positive[e / lanes] >> (e % lanes)) & 1u) << i;
+  }
+  return code;
+}
+
+// hash_codes' inputs, outputs and sizes, as hash_codes_kernel takes them.
+template <typename scalar_t>
+struct HashCodesArgs {
+  const scalar_t* vectors;  // (B, n, dim)
+  const float* signs;       // (B, 3, rotations, width)
+  int* codes;               // (B, n, num_hashes)
+  int64_t num_vectors, length;
+  int dim, width, rotations, rotations_used, per_rotation, num_hashes, hash_bits;
+};
+
+template <typename scalar_t, int kPerLane>
+__global__ void __launch_bounds__(kBlock) hash_codes_warp_kernel(const HashCodesArgs<scalar_t> a, int lanes) {
+  const scalar_t* __restrict__ vectors = a.vectors;
+  const float* __restrict__ signs = a.signs;
+  const int dim = a.dim, width = a.width, rotations = a.rotations, hash_bits = a.hash_bits;
+  const int64_t length = a.length;
+  const int warp_lane = static_cast<int>(threadIdx.x % kWarp);
+  const int lane = warp_lane % lanes;
+  const int group = warp_lane - lane;  // this vector's first lane in the warp
+  const unsigned group_bits = lanes == kWarp ? 0xffffffffu : (1u << lanes) - 1u;
+  const int64_t vec = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / lanes;
+  const bool valid = vec < a.num_vectors;
+  // Lanes past the last vector run the same loops (they take part in every shuffle and ballot) on
+  // zeros and batch row 0, and write nothing.
+  const int64_t batch = valid ? vec / length : 0;
+  const scalar_t* v = vectors + (valid ? vec : 0) * dim;
+  float x[kPerLane];
+  unsigned positive[kPerLane];
+
+  for (int r = 0; r < a.rotations_used; ++r) {
+    for (int step = 0; step < 3; ++step) {
+      const float* s = signs + ((batch * 3 + step) * rotations + r) * static_cast<int64_t>(width);
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const int e = k * lanes + lane;
+        const float value = step == 0 ? ((valid && e < dim) ? static_cast<float>(v[e]) : 0.0f) : x[k];
+        x[k] = __fmul_rn(value, s[e]);
+      }
+      for (int half = 1; half < lanes; half <<= 1) {
+        const bool second = (lane & half) != 0;  // holds b of the pair (a, b)
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          const float other = __shfl_xor_sync(0xffffffffu, x[k], half);
+          x[k] = second ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
+        }
+      }
+#pragma unroll
+      for (int half = 1; half < kPerLane; half <<= 1) {
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) {
+          if ((k & half) == 0) {
+            const float a = x[k];
+            const float b = x[k + half];
+            x[k] = __fadd_rn(a, b);
+            x[k + half] = __fsub_rn(a, b);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      positive[k] = (__ballot_sync(0xffffffffu, x[k] > 0.0f) >> group) & group_bits;
+    }
+    for (int t = lane; t < a.per_rotation; t += lanes) {
+      const int g = r * a.per_rotation + t;
+      if (valid && g < a.num_hashes) {
+        a.codes[vec * a.num_hashes + g] = static_cast<int>(code_bits(positive, t * hash_bits, hash_bits, lanes));
+      }
+    }
   }
 }
 
@@ -1400,18 +1496,36 @@ at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs
   const at::Tensor signs = signs_in.contiguous();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  const int threads_per_vector = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(width / 2, kBlock)));
-  const int vectors_per_block = kBlock / threads_per_vector;
-  const int64_t blocks = (num_vectors + vectors_per_block - 1) / vectors_per_block;
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many vectors (", num_vectors, ")");
-  const size_t shared_bytes = sizeof(float) * static_cast<size_t>(vectors_per_block) * static_cast<size_t>(width);
   const int64_t rotations_used = (num_hashes + per_rotation - 1) / per_rotation;
-
+  // Up to kWarp * kMaxPerLane coordinates a vector stay in registers; a wider transform takes the
+  // block's shared memory.
+  const int64_t lanes = std::min<int64_t>(width, kWarp);
+  const int64_t per_lane = width / lanes;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vectors.scalar_type(), "yoso_hash_codes_cuda", [&] {
-    hash_codes_kernel<scalar_t><<<static_cast<unsigned>(blocks), kBlock, shared_bytes, stream>>>(
-        vectors.data_ptr<scalar_t>(), signs.data_ptr<float>(), codes.data_ptr<int>(), num_vectors, length,
-        static_cast<int>(dim), static_cast<int>(width), static_cast<int>(rotations), static_cast<int>(rotations_used),
-        static_cast<int>(per_rotation), static_cast<int>(num_hashes), static_cast<int>(hash_bits), threads_per_vector);
+    if (per_lane <= kMaxPerLane) {
+      const HashCodesArgs<scalar_t> a{vectors.data_ptr<scalar_t>(), signs.data_ptr<float>(), codes.data_ptr<int>(),
+                                      num_vectors, length, static_cast<int>(dim), static_cast<int>(width),
+                                      static_cast<int>(rotations), static_cast<int>(rotations_used),
+                                      static_cast<int>(per_rotation), static_cast<int>(num_hashes),
+                                      static_cast<int>(hash_bits)};
+      const unsigned blocks = thread_grid(num_vectors * lanes);
+      switch (per_lane) {
+        case 1: hash_codes_warp_kernel<scalar_t, 1><<<blocks, kBlock, 0, stream>>>(a, static_cast<int>(lanes)); break;
+        case 2: hash_codes_warp_kernel<scalar_t, 2><<<blocks, kBlock, 0, stream>>>(a, static_cast<int>(lanes)); break;
+        case 4: hash_codes_warp_kernel<scalar_t, 4><<<blocks, kBlock, 0, stream>>>(a, static_cast<int>(lanes)); break;
+        default: hash_codes_warp_kernel<scalar_t, kMaxPerLane><<<blocks, kBlock, 0, stream>>>(a, static_cast<int>(lanes));
+      }
+    } else {
+      const int threads_per_vector = static_cast<int>(std::min<int64_t>(width / 2, kBlock));
+      const int vectors_per_block = kBlock / threads_per_vector;
+      const int64_t blocks = (num_vectors + vectors_per_block - 1) / vectors_per_block;
+      TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "yoso: too many vectors (", num_vectors, ")");
+      const size_t shared_bytes = sizeof(float) * static_cast<size_t>(vectors_per_block) * static_cast<size_t>(width);
+      hash_codes_kernel<scalar_t><<<static_cast<unsigned>(blocks), kBlock, shared_bytes, stream>>>(
+          vectors.data_ptr<scalar_t>(), signs.data_ptr<float>(), codes.data_ptr<int>(), num_vectors, length,
+          static_cast<int>(dim), static_cast<int>(width), static_cast<int>(rotations), static_cast<int>(rotations_used),
+          static_cast<int>(per_rotation), static_cast<int>(num_hashes), static_cast<int>(hash_bits), threads_per_vector);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return codes;
