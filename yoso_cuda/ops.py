@@ -207,26 +207,28 @@ def _register_autograd() -> None:
         torch.library.register_autograd(f"yoso::{name}", backward, setup_context=save_codes)
 
 
+def dispatch(op: str, device: torch.device, args: tuple, backend: Backend):
+    """``yoso::<op>`` on ``args``: the compiled kernel of ``device`` or the reference, as ``backend`` says.
+    The reference checks the arguments as the kernels do (:mod:`yoso_cuda.argument_checks`)."""
+    if use_compiled(backend, device):
+        return getattr(compiled_ops(device), op)(*args)
+    return getattr(reference, op)(*args)
+
+
 def hash_codes(vectors, signs, num_hashes, hash_bits, backend: Backend = "auto"):
-    if use_compiled(backend, vectors.device):
-        return compiled_ops(vectors.device).hash_codes(vectors, signs, num_hashes, hash_bits)
-    return reference.hash_codes(vectors, signs, num_hashes, hash_bits)
+    return dispatch("hash_codes", vectors.device, (vectors, signs, num_hashes, hash_bits), backend)
 
 
 def lsh_cumulation(query_codes, query_mask, key_codes, key_mask, values, hash_bits, backend: Backend = "auto"):
     args = (query_codes, query_mask, key_codes, key_mask, values, hash_bits)
-    if use_compiled(backend, values.device):
-        return compiled_ops(values.device).lsh_cumulation(*args)
-    return reference.lsh_cumulation(*args)
+    return dispatch("lsh_cumulation", values.device, args, backend)
 
 
 def lsh_weighted_cumulation(
     query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits, backend: Backend = "auto"
 ):
     args = (query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits)
-    if use_compiled(backend, values.device):
-        return compiled_ops(values.device).lsh_weighted_cumulation(*args)
-    return reference.lsh_weighted_cumulation(*args)
+    return dispatch("lsh_weighted_cumulation", values.device, args, backend)
 
 
 def lsh_weighted_cumulation_both(
@@ -241,10 +243,9 @@ def lsh_weighted_cumulation_both(
     hash_bits,
     backend: Backend = "auto",
 ):
+    """Both sides at once: on the kernels, one sort of the codes serves both."""
     args = (query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits)
-    if use_compiled(backend, query_values.device):  # one sort serves both sides
-        return compiled_ops(query_values.device).lsh_weighted_cumulation_both(*args)
-    return reference.lsh_weighted_cumulation_both(*args)
+    return dispatch("lsh_weighted_cumulation_both", query_values.device, args, backend)
 
 
 def lsh_collided_gradient(
@@ -260,9 +261,7 @@ def lsh_collided_gradient(
     backend: Backend = "auto",
 ):
     args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)
-    if use_compiled(backend, query_vectors.device):
-        return compiled_ops(query_vectors.device).lsh_collided_gradient(*args)
-    return reference.lsh_collided_gradient(*args)
+    return dispatch("lsh_collided_gradient", query_vectors.device, args, backend)
 
 
 def lsh_lower_bound_gradients(
@@ -277,10 +276,10 @@ def lsh_lower_bound_gradients(
     hash_bits,
     backend: Backend = "auto",
 ):
+    """YOSO's three lower-bound gradients at once: on the kernels, one index, one table pass and one
+    lookup pass serve all three."""
     args = (query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits)
-    if use_compiled(backend, query_vectors.device):  # one index, one table pass and one lookup pass serve all three
-        return compiled_ops(query_vectors.device).lsh_lower_bound_gradients(*args)
-    return reference.lsh_lower_bound_gradients(*args)
+    return dispatch("lsh_lower_bound_gradients", query_vectors.device, args, backend)
 
 
 def hash_queries_and_keys(

@@ -28,8 +28,9 @@ and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 * :func:`softmax_dropout_attention`: exact softmax attention with dropout on its probabilities,
   under the counter-based mask of the fused CPU kernel (:func:`dropout_keep`), densely.
 
-Masked (padded) keys never enter a bucket and masked queries get zero rows. A code outside
-``[0, 2^hash_bits)`` is an error, as in the compiled kernels.
+Masked (padded) keys never enter a bucket and masked queries get zero rows. Every op refuses the
+arguments the compiled kernels refuse, in their words (:mod:`yoso_cuda.argument_checks`), a code
+outside ``[0, 2^hash_bits)`` included.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .argument_checks import (
+    check_codes_in_range,
+    check_cumulation_args,
+    check_hash_codes_args,
+    check_pair_args,
+    check_weighted_args,
+    check_weighted_both_args,
+)
 
 DERIVATIVE_SHRINK = 0.99  # f' is evaluated at 0.99 x, as the official kernels do, so 1/sqrt(1 - x^2) <= 7.1
 MAX_PAIRS_PER_CHUNK = 1 << 22  # collided pairs materialised at once by lsh_collided_gradient
@@ -104,11 +114,10 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
 
 def hash_codes(vectors: torch.Tensor, signs: torch.Tensor, num_hashes: int, hash_bits: int) -> torch.Tensor:
     """Hash codes ``(B, n, num_hashes)`` int32 of ``vectors`` ``(B, n, d)`` under the rotations ``signs``."""
+    check_hash_codes_args(vectors, signs, num_hashes, hash_bits)
     batch, length, dim = vectors.shape
     rotations, width = signs.shape[2], signs.shape[3]
     per_rotation = width // hash_bits
-    if rotations * per_rotation < num_hashes:
-        raise ValueError(f"signs hold {rotations * per_rotation} hashes of {hash_bits} bits, {num_hashes} requested")
     hadamard = hadamard_matrix(width, vectors.device)
     x = torch.nn.functional.pad(vectors.float(), (0, width - dim))  # (B, n, d_pad)
     x = x[:, :, None, :].expand(batch, length, rotations, width)  # (B, n, r, d_pad)
@@ -124,15 +133,6 @@ def gaussian_hash_codes(vectors: torch.Tensor, projections: torch.Tensor, num_ha
     batch, length, _ = vectors.shape
     bits = (vectors.float() @ projections) > 0  # (B, n, m * tau)
     return pack_bits(bits.view(batch, length, num_hashes, hash_bits))
-
-
-def check_codes_in_range(query_codes: torch.Tensor, key_codes: torch.Tensor, hash_bits: int) -> None:
-    """Reject a code outside [0, 2^hash_bits), in the words of the compiled kernels (csrc/checks.h)."""
-    for name, codes in (("query_codes", query_codes), ("key_codes", key_codes)):
-        if bool(((codes >> hash_bits) != 0).any()):  # negative codes too: >> keeps their sign bits
-            raise ValueError(
-                f"{name} holds hash codes outside [0, 2^{hash_bits}): codes must come from hash_codes with the same hash_bits"
-            )
 
 
 def _bucket_ids(codes: torch.Tensor, hash_bits: int) -> torch.Tensor:
@@ -165,6 +165,7 @@ def lsh_cumulation(
     hash_bits: int,
 ) -> torch.Tensor:
     """``(1/m) sum_h sum_j [q_h(i) = k_h(j)] v_j``: codes ``(B, n, m)``, masks ``(B, n)`` bool, values ``(B, nk, c)``."""
+    check_cumulation_args(query_codes, query_mask, key_codes, key_mask, values, hash_bits)
     check_codes_in_range(query_codes, key_codes, hash_bits)
     num_hashes = query_codes.shape[-1]
     values = values.float()
@@ -191,6 +192,7 @@ def lsh_weighted_cumulation(
     ``kw_j v_j^T`` (w x c) that each colliding query contracts with its weights, the paper's
     "d runs of LSH-based Bernoulli sampling" in one pass (cost ~ n * w * c, whatever the buckets).
     """
+    check_weighted_args(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits)
     check_codes_in_range(query_codes, key_codes, hash_bits)
     batch, num_queries, width = query_weights.shape
     num_keys, channels = values.shape[1], values.shape[2]
@@ -260,6 +262,9 @@ def lsh_weighted_cumulation_both(
     """Both sides of the weighted cumulation, which share the pair weights ``s_ij = qw_i . kw_j``:
     ``(1/m) sum_h sum_j [collide] s_ij key_values_j`` per query and ``(1/m) sum_h sum_i [collide]
     s_ij query_values_i`` per key (YOSO's lower-bound grad Q and grad K)."""
+    check_weighted_both_args(
+        query_codes, query_mask, query_weights, query_values, key_codes, key_mask, key_weights, key_values, hash_bits
+    )
     return (
         lsh_weighted_cumulation(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, key_values, hash_bits),
         lsh_weighted_cumulation(
@@ -283,6 +288,9 @@ def lsh_lower_bound_gradients(
     gradient), key vectors k and key weights v (the values), ``(tau/2) (1/m) sum_h sum_j [collide]
     (g_i . v_j) k_j`` per query, ``(tau/2) (1/m) sum_h sum_i [collide] (g_i . v_j) q_i`` per key and
     ``(1/m) sum_h sum_i [collide] g_i`` per key (grad Q, grad K, grad V)."""
+    check_pair_args(
+        query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits
+    )
     grad_queries, grad_keys = lsh_weighted_cumulation_both(
         query_codes, query_mask, query_weights, query_vectors, key_codes, key_mask, key_weights, key_vectors, hash_bits
     )
@@ -314,6 +322,9 @@ def lsh_collided_gradient(
     pairs are materialised in chunks of queries of at most ``MAX_PAIRS_PER_CHUNK`` pairs, so memory is
     linear in n; time is proportional to the number of colliding pairs.
     """
+    check_pair_args(
+        query_codes, query_mask, query_vectors, query_weights, key_codes, key_mask, key_vectors, key_weights, hash_bits
+    )
     check_codes_in_range(query_codes, key_codes, hash_bits)
     batch, num_queries, _ = query_vectors.shape
     flat = lambda t: t.float().flatten(0, 1)  # noqa: E731  (B, n, c) -> (B * n, c)

@@ -1,6 +1,8 @@
 // The ops' argument checks, shared by the CPU kernels (yoso.cpp) and the CUDA kernels
-// (cuda/yoso_cuda.cu), so that both reject the same inputs in the same words. The reference
-// (yoso_cuda/reference.py) raises the out-of-range code error in these words too.
+// (cuda/yoso_cuda.cu), so that both reject the same inputs in the same words: one function per op
+// (check_<...>_args), each called first by that op's kernels. The pure-PyTorch reference calls the
+// functions of the same names in yoso_cuda/argument_checks.py, which word every message as here
+// (tests/yoso_cuda/test_argument_checks.py holds all backends to the same messages).
 
 #pragma once
 
@@ -56,6 +58,25 @@ inline void check_codes_and_masks(const at::Tensor& query_codes, const at::Tenso
   TORCH_CHECK_VALUE(query_codes.size(2) >= 1, "at least one hash is needed, got codes of shape ", query_codes.sizes());
   check_mask(query_mask, query_codes, "query_mask");
   check_mask(key_mask, key_codes, "key_mask");
+}
+
+// The arguments of lsh_cumulation: codes and masks, and (B, nk, c) values of the keys.
+inline void check_cumulation_args(const at::Tensor& query_codes, const at::Tensor& query_mask, const at::Tensor& key_codes,
+                                  const at::Tensor& key_mask, const at::Tensor& values, int64_t hash_bits) {
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
+  check_rows(values, key_codes, "values");
+}
+
+// The arguments of lsh_weighted_cumulation: codes and masks, (B, n, w) weights of each side and
+// (B, nk, c) values of the keys.
+inline void check_weighted_args(const at::Tensor& query_codes, const at::Tensor& query_mask,
+                                const at::Tensor& query_weights, const at::Tensor& key_codes, const at::Tensor& key_mask,
+                                const at::Tensor& key_weights, const at::Tensor& values, int64_t hash_bits) {
+  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
+  check_rows(query_weights, query_codes, "query_weights");
+  check_rows(key_weights, key_codes, "key_weights");
+  check_rows(values, key_codes, "values");
+  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
 }
 
 // The arguments of lsh_weighted_cumulation_both: codes and masks, (B, n, w) weights and (B, n, c)

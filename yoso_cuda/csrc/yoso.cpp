@@ -505,9 +505,11 @@ struct CumulationArgs {
 // out_i = (1/m) sum_h table_h[slot of q_h(i)], table_h[s] = sum of the values of the keys in slot s:
 // per hash, one pass over the keys builds the table (a slot's first key sets its row, so the table
 // is never zeroed) and one over the queries reads it. One hash at a time: the time goes to the
-// table's scattered rows, so the table must stay as small as one hash's (measured: building four
-// hashes' tables in one pass over the rows, to read the values and the output once per four
-// hashes, took 1.5-2.9x longer at n >= 8192, one thread).
+// table's scattered rows, so the table must stay as small as one hash's. Building four hashes'
+// tables in one pass over the rows, to read the values and the output once per four hashes, took
+// 1.5-2.9x longer at n >= 8192 (torch.ops.yoso.lsh_cumulation on random codes, batch 2, one thread,
+// on the 2-core AMD EPYC VM against the kernels of commit c2f8313; reported in commit d4ad420,
+// 2026-11-23, results/README.md's kernels_cpu section), so it was dropped.
 template <int64_t kC>  // a row width known at compile time (> 0) unrolls its loops
 YOSO_INLINE void cumulate_rows(const CumulationArgs& a, int64_t b, Side queries, Side keys, Scratch& s) {
   const int64_t c = kC > 0 ? kC : a.channels;
@@ -725,8 +727,7 @@ at::Tensor hash_codes_cpu(const at::Tensor& vectors, const at::Tensor& signs, in
 at::Tensor lsh_cumulation_cpu(const at::Tensor& query_codes, const at::Tensor& query_mask,
                               const at::Tensor& key_codes, const at::Tensor& key_mask, const at::Tensor& values,
                               int64_t hash_bits) {
-  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
-  check_rows(values, key_codes, "values");
+  check_cumulation_args(query_codes, query_mask, key_codes, key_mask, values, hash_bits);
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), channels = values.size(2);
   const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);
@@ -748,11 +749,7 @@ at::Tensor lsh_weighted_cumulation_cpu(const at::Tensor& query_codes, const at::
                                        const at::Tensor& query_weights, const at::Tensor& key_codes,
                                        const at::Tensor& key_mask, const at::Tensor& key_weights,
                                        const at::Tensor& values, int64_t hash_bits) {
-  check_codes_and_masks(query_codes, query_mask, key_codes, key_mask, hash_bits);
-  check_rows(query_weights, query_codes, "query_weights");
-  check_rows(key_weights, key_codes, "key_weights");
-  check_rows(values, key_codes, "values");
-  check_same_width(query_weights, key_weights, "query_weights", "key_weights");
+  check_weighted_args(query_codes, query_mask, query_weights, key_codes, key_mask, key_weights, values, hash_bits);
   const int64_t batch = query_codes.size(0), num_queries = query_codes.size(1), num_keys = key_codes.size(1);
   const int64_t num_hashes = query_codes.size(2), width = query_weights.size(2), channels = values.size(2);
   const at::Tensor q_codes = checked_codes(query_codes, "query_codes", hash_bits);

@@ -1352,6 +1352,19 @@ void check_row_count(const at::Tensor& codes, const char* name) {
                     "2^31 - 1 rows over all batch rows, ", name, " has ", codes.size(0) * codes.size(1));
 }
 
+// An op's host-side checks, in the same order for every op: each of `tensors` on one CUDA device;
+// then `check_args()`, the op's device-agnostic checks (its check_<...>_args of checks.h, shared
+// with the CPU kernels); then the CUDA kernels' own limit on the rows of each of `codes`.
+template <typename CheckArgs>
+void check_op_args(std::initializer_list<TensorArg> tensors, const CheckArgs& check_args,
+                   std::initializer_list<TensorArg> codes = {}) {
+  check_device(tensors);
+  check_args();
+  for (const auto& [tensor, name] : codes) {
+    check_row_count(*tensor, name);
+  }
+}
+
 // Hash codes outside [0, 2^hash_bits) are an error, never truncated (bucket_key masks the code: a
 // wrong code would silently join another bucket). The check runs on the device with no host
 // synchronisation: a bad code fails a device-side assertion, as PyTorch's own index kernels
@@ -1359,7 +1372,7 @@ void check_row_count(const at::Tensor& codes, const char* name) {
 // use: the CUDA context is lost and the next synchronisation raises the assertion (at the op itself
 // under CUDA_LAUNCH_BLOCKING=1). A host-side check with its readable ValueError would copy a flag to
 // the host in every cumulation, three times per YOSO layer per training step; the CPU kernels and
-// the reference keep that check (csrc/checks.h, reference.check_codes_in_range), so the same codes
+// the reference keep that check (csrc/checks.h, argument_checks.check_codes_in_range), so the same codes
 // give the readable error there. Codes from hash_codes are in range by construction.
 __global__ void __launch_bounds__(kBlock) codes_in_range_kernel(const int* __restrict__ codes, int64_t count, int hash_bits,
                                                                 bool query_side) {
@@ -1478,8 +1491,8 @@ void run_weighted(const WeightedDirection* directions, const Buckets* views, int
 
 at::Tensor hash_codes_cuda(const at::Tensor& vectors_in, const at::Tensor& signs_in, int64_t num_hashes,
                            int64_t hash_bits) {
-  check_device({{&vectors_in, "vectors"}, {&signs_in, "signs"}});
-  check_hash_codes_args(vectors_in, signs_in, num_hashes, hash_bits);
+  check_op_args({{&vectors_in, "vectors"}, {&signs_in, "signs"}},
+                [&] { check_hash_codes_args(vectors_in, signs_in, num_hashes, hash_bits); });
   const int64_t batch = vectors_in.size(0), length = vectors_in.size(1), dim = vectors_in.size(2);
   const int64_t rotations = signs_in.size(2), width = signs_in.size(3), per_rotation = width / hash_bits;
   TORCH_CHECK_VALUE(width <= kMaxWidth, "the CUDA hash_codes takes a Hadamard width (signs.size(3)) of at most ", kMaxWidth,
@@ -1662,12 +1675,12 @@ at::Tensor lsh_cumulation_counting(const at::Tensor& query_codes, const at::Tens
 at::Tensor lsh_cumulation_cuda(const at::Tensor& query_codes_in, const at::Tensor& query_mask_in,
                                const at::Tensor& key_codes_in, const at::Tensor& key_mask_in, const at::Tensor& values_in,
                                int64_t hash_bits) {
-  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&key_codes_in, "key_codes"},
-                {&key_mask_in, "key_mask"}, {&values_in, "values"}});
-  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
-  check_rows(values_in, key_codes_in, "values");
-  check_row_count(query_codes_in, "query_codes");
-  check_row_count(key_codes_in, "key_codes");
+  check_op_args({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&key_codes_in, "key_codes"},
+                 {&key_mask_in, "key_mask"}, {&values_in, "values"}},
+                [&] {
+                  check_cumulation_args(query_codes_in, query_mask_in, key_codes_in, key_mask_in, values_in, hash_bits);
+                },
+                {{&query_codes_in, "query_codes"}, {&key_codes_in, "key_codes"}});
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1);
   const int64_t num_keys = key_codes_in.size(1), num_hashes = query_codes_in.size(2), channels = values_in.size(2);
   const int tau = static_cast<int>(hash_bits);
@@ -1711,16 +1724,14 @@ at::Tensor lsh_weighted_cumulation_cuda(const at::Tensor& query_codes_in, const 
                                         const at::Tensor& query_weights_in, const at::Tensor& key_codes_in,
                                         const at::Tensor& key_mask_in, const at::Tensor& key_weights_in,
                                         const at::Tensor& values_in, int64_t hash_bits) {
-  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
-                {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"}, {&key_weights_in, "key_weights"},
-                {&values_in, "values"}});
-  check_codes_and_masks(query_codes_in, query_mask_in, key_codes_in, key_mask_in, hash_bits);
-  check_rows(query_weights_in, query_codes_in, "query_weights");
-  check_rows(key_weights_in, key_codes_in, "key_weights");
-  check_rows(values_in, key_codes_in, "values");
-  check_same_width(query_weights_in, key_weights_in, "query_weights", "key_weights");
-  check_row_count(query_codes_in, "query_codes");
-  check_row_count(key_codes_in, "key_codes");
+  check_op_args({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
+                 {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"}, {&key_weights_in, "key_weights"},
+                 {&values_in, "values"}},
+                [&] {
+                  check_weighted_args(query_codes_in, query_mask_in, query_weights_in, key_codes_in, key_mask_in,
+                                      key_weights_in, values_in, hash_bits);
+                },
+                {{&query_codes_in, "query_codes"}, {&key_codes_in, "key_codes"}});
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
   const int64_t num_hashes = query_codes_in.size(2), channels = values_in.size(2);
   const int tau = static_cast<int>(hash_bits);
@@ -1758,13 +1769,14 @@ std::tuple<at::Tensor, at::Tensor> lsh_weighted_cumulation_both_cuda(
     const at::Tensor& query_codes_in, const at::Tensor& query_mask_in, const at::Tensor& query_weights_in,
     const at::Tensor& query_values_in, const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
     const at::Tensor& key_weights_in, const at::Tensor& key_values_in, int64_t hash_bits) {
-  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
-                {&query_values_in, "query_values"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
-                {&key_weights_in, "key_weights"}, {&key_values_in, "key_values"}});
-  check_weighted_both_args(query_codes_in, query_mask_in, query_weights_in, query_values_in, key_codes_in, key_mask_in,
-                           key_weights_in, key_values_in, hash_bits);
-  check_row_count(query_codes_in, "query_codes");
-  check_row_count(key_codes_in, "key_codes");
+  check_op_args({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_weights_in, "query_weights"},
+                 {&query_values_in, "query_values"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                 {&key_weights_in, "key_weights"}, {&key_values_in, "key_values"}},
+                [&] {
+                  check_weighted_both_args(query_codes_in, query_mask_in, query_weights_in, query_values_in, key_codes_in,
+                                           key_mask_in, key_weights_in, key_values_in, hash_bits);
+                },
+                {{&query_codes_in, "query_codes"}, {&key_codes_in, "key_codes"}});
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
   const int64_t num_hashes = query_codes_in.size(2), width = query_weights_in.size(2);
   const int64_t query_channels = query_values_in.size(2), key_channels = key_values_in.size(2);
@@ -1810,13 +1822,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lsh_lower_bound_gradients_cuda(
     const at::Tensor& query_codes_in, const at::Tensor& query_mask_in, const at::Tensor& query_vectors_in,
     const at::Tensor& query_weights_in, const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
     const at::Tensor& key_vectors_in, const at::Tensor& key_weights_in, int64_t hash_bits) {
-  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
-                {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
-                {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}});
-  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in, key_mask_in,
-                  key_vectors_in, key_weights_in, hash_bits);
-  check_row_count(query_codes_in, "query_codes");
-  check_row_count(key_codes_in, "key_codes");
+  check_op_args({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
+                 {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                 {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}},
+                [&] {
+                  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in,
+                                  key_mask_in, key_vectors_in, key_weights_in, hash_bits);
+                },
+                {{&query_codes_in, "query_codes"}, {&key_codes_in, "key_codes"}});
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
   const int64_t num_hashes = query_codes_in.size(2), dim = query_vectors_in.size(2), width = query_weights_in.size(2);
   const int tau = static_cast<int>(hash_bits);
@@ -1863,13 +1876,14 @@ at::Tensor lsh_collided_gradient_cuda(const at::Tensor& query_codes_in, const at
                                       const at::Tensor& key_codes_in, const at::Tensor& key_mask_in,
                                       const at::Tensor& key_vectors_in, const at::Tensor& key_weights_in,
                                       int64_t hash_bits) {
-  check_device({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
-                {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
-                {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}});
-  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in, key_mask_in,
-                  key_vectors_in, key_weights_in, hash_bits);
-  check_row_count(query_codes_in, "query_codes");
-  check_row_count(key_codes_in, "key_codes");
+  check_op_args({{&query_codes_in, "query_codes"}, {&query_mask_in, "query_mask"}, {&query_vectors_in, "query_vectors"},
+                 {&query_weights_in, "query_weights"}, {&key_codes_in, "key_codes"}, {&key_mask_in, "key_mask"},
+                 {&key_vectors_in, "key_vectors"}, {&key_weights_in, "key_weights"}},
+                [&] {
+                  check_pair_args(query_codes_in, query_mask_in, query_vectors_in, query_weights_in, key_codes_in,
+                                  key_mask_in, key_vectors_in, key_weights_in, hash_bits);
+                },
+                {{&query_codes_in, "query_codes"}, {&key_codes_in, "key_codes"}});
   const int64_t batch = query_codes_in.size(0), num_queries = query_codes_in.size(1), num_keys = key_codes_in.size(1);
   const int64_t num_hashes = query_codes_in.size(2), dim = query_vectors_in.size(2), width = query_weights_in.size(2);
   const int tau = static_cast<int>(hash_bits);
