@@ -43,16 +43,15 @@ ninja as before and is stamped. :func:`export_build` and :func:`import_build` (`
 yoso_cuda --export/--import FILE``) carry built libraries to the next machine, which takes only
 those whose stamps match it.
 
-Concurrent processes (DDP ranks, a joblib sweep) take an advisory
-lock (``fcntl.flock``) on the library's build folder: the first builds, the others wait and load
-the result, and the OS releases the lock of a process that dies. Older torch versions guard their
-build with a ``lock`` file whose mere existence blocks every later build forever; holding our lock,
-no other build can be running, so such a file is a leftover of a killed build and is removed.
+Concurrent processes (DDP ranks, a joblib sweep) take an advisory lock (``filelock``'s, an OS
+``flock``) on the library's build folder: the first builds, the others wait and load the result,
+and the OS releases the lock of a process that dies. Older torch versions guard their build with a
+``lock`` file whose mere existence blocks every later build forever; holding our lock, no other
+build can be running, so such a file is a leftover of a killed build and is removed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -73,10 +72,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 log = logging.getLogger(__name__)
 SOURCES = Path(__file__).resolve().parent / "csrc"
-# Measured: the CPU library in 17-40 s on the 2-core VM, the CUDA library in about 60 s on a 16-core H100 host.
+# A first build's time, for the message that says it is building: the CPU library took 17-40 s on the 2-core
+# AMD EPYC VM and the CUDA library about 60 s on the 16-core host of an NVIDIA H100 (commit 5cc53d7, 2026-11-25);
+# the CPU library took 49 s on a 2-core Intel Xeon VM busy with other jobs (`YOSO_KERNELS=require python -m
+# yoso_cuda` after a change to csrc/checks.h, 2026-11-28).
 BUILD_TIME = {"cpu": "about 20-40 s on 2 cores", "cuda": "about a minute"}
 LIBRARY_NAMES = {"cpu": "yoso_kernels_cpu", "cuda": "yoso_kernels_cuda"}
 HEADER_SUFFIXES = {".h", ".cuh", ".hpp"}
@@ -189,12 +192,31 @@ def check_toolkit_version(toolkit: str) -> str | None:
     return None
 
 
+def extensions_root() -> Path:
+    """The folder under which torch's extension builder keeps extensions: ``TORCH_EXTENSIONS_DIR``, else
+    a folder per Python and torch build (``py311_cpu``, ``py311_cu130``) in its default build root, the
+    folders ``cpp_extension.load`` itself picks, so libraries built before are found where they are."""
+    from torch.utils import cpp_extension
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    return Path(cpp_extension.get_default_build_root()) / f"{python}_{accelerator}"
+
+
+def extension_directory(name: str) -> Path:
+    """Where the extension ``name`` (a kernel library, an emulator build) is built and cached."""
+    return extensions_root() / name
+
+
 @contextmanager
 def build_lock(build_directory: Path):
-    """Hold an exclusive ``flock`` on the build folder, released by the OS if this process dies."""
+    """Hold the exclusive lock of the build folder, an OS ``flock`` released if this process dies."""
     build_directory.mkdir(parents=True, exist_ok=True)
-    with open(build_directory / "yoso_build.flock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    # preserve_lock_file: the file stays, and filelock never falls back to a lock file's mere existence (where the
+    # filesystem has no flock), which a killed build would leave behind.
+    with FileLock(build_directory / "yoso_build.flock", preserve_lock_file=True):
         # torch's own lock file: every build of this folder goes through our lock first, so no
         # build holds it now and a leftover is stale (older torch waits forever on one).
         (build_directory / "lock").unlink(missing_ok=True)
@@ -230,7 +252,7 @@ def _load(library: Library, verbose: bool) -> None:
     from torch.utils import cpp_extension
 
     name = LIBRARY_NAMES[library.device]
-    build_directory = Path(cpp_extension._get_build_directory(name, verbose))
+    build_directory = extension_directory(name)
     path = build_directory / f"{name}.so"
     sources, flags = library_sources(library.device), compile_flags(library.device)
     try:
@@ -543,9 +565,7 @@ class BuildArchiveError(Exception):
 
 def build_directory(device: str) -> Path:
     """Where :func:`build` builds and looks for the ``device`` library (under ``TORCH_EXTENSIONS_DIR``)."""
-    from torch.utils import cpp_extension
-
-    return Path(cpp_extension._get_build_directory(LIBRARY_NAMES[device], False))
+    return extension_directory(LIBRARY_NAMES[device])
 
 
 def export_build(archive: Path) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -10,6 +9,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 log = logging.getLogger(__name__)
 
@@ -24,29 +25,33 @@ def lock_path(folder: Path) -> Path:
 def folder_lock(folder: Path, what: str = "") -> Iterator[None]:
     """Hold the exclusive lock of ``folder`` (shared data: generated files, a prepared cache) for the block.
 
-    The lock is the OS's (``flock`` on :func:`lock_path`), so it is released when its process ends, however
-    it ends: a killed writer never leaves a stale lock. A second process waits (one log line says for whom)
-    until the first has finished writing, then checks and uses what it wrote. The lock file stays: deleting
-    it would let a late process lock a file that a waiting one no longer sees.
+    The lock is filelock's OS lock (``flock`` on :func:`lock_path`), so it is released when its process ends,
+    however it ends: a killed writer never leaves a stale lock. A second process waits (one log line says for
+    whom: the holder names itself in the lock file) until the first has finished writing, then checks and uses
+    what it wrote. The lock file stays: deleting it would let a late process lock a file that a waiting one no
+    longer sees.
     """
     path = lock_path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            log.info(f"Waiting for {holder} to finish writing {what or folder} (lock {path})")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"process {os.getpid()}\n")
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    # preserve_lock_file keeps the file (above), and keeps filelock from falling back, where the filesystem has no
+    # flock, to a lock file's mere existence, which a killed writer would leave behind.
+    lock = FileLock(path, preserve_lock_file=True, on_acquired=_name_the_holder)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        holder = path.read_text().strip() or "another process"
+        log.info(f"Waiting for {holder} to finish writing {what or folder} (lock {path})")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _name_the_holder(descriptor: int) -> None:
+    """Write ``process <pid>`` into the lock file just locked (``descriptor``), for the log line of a waiter."""
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"process {os.getpid()}\n".encode(), 0)
 
 
 @contextmanager

@@ -113,7 +113,7 @@ def build(
     from torch.utils import cpp_extension
 
     from .. import ops as yoso_ops
-    from ..build import build_lock
+    from ..build import build_lock, extension_directory
 
     if sanitize and not _asan_is_loaded():
         raise RuntimeError(
@@ -128,7 +128,7 @@ def build(
     tag = hashlib.sha256(str(source).encode()).hexdigest()[:8]
     namespace = namespace or ("yoso_emu_asan" if sanitize else "yoso_emu") + ("" if source == CUDA_SOURCE else f"_{tag}")
     text, rewrites, op_names = rewrite(source.read_text(), namespace, str(source))
-    build_directory = Path(cpp_extension._get_build_directory(namespace, verbose))
+    build_directory = extension_directory(namespace)
     rewritten = build_directory / "kernels.cpp"
     flags = ["-O1", "-g"] + SANITIZER_FLAGS if sanitize else ["-O2"]
     flags += [
