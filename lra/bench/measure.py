@@ -32,7 +32,8 @@ def time_calls(run: Callable[[], object], device: torch.device, repeats: int) ->
     32 MiB recycled, not returned to the OS), undoing ``MemoryMeter``'s setting, under which every large
     block is mapped and faulted in afresh: that costs time in proportion to an attention's temporaries
     (a YOSO-32 forward at n = 16384, head dim 64, 2 threads, median of 3, one process each: 63 and 69 ms
-    under it; 35-54 ms with glibc's defaults and 45-50 ms in the state set here, the machine's noise)."""
+    under it; 35-54 ms with glibc's defaults and 45-50 ms in the state set here, the machine's noise; the call
+    of ``python -m lra.bench kernels``, on the 2-core AMD EPYC VM, commit c2f8313, 2026-11-23)."""
     if device.type == "cpu":
         _set_allocator(mmap_threshold=STEADY_MMAP_THRESHOLD, trim_threshold=2 * STEADY_MMAP_THRESHOLD)
     run()  # warms the allocator (and any lazy state) up
