@@ -35,6 +35,28 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
             raise ValueError(f"mask must have shape (batch, seq) = {(q.shape[0], q.shape[2])}, got {tuple(mask.shape)}")
 
 
+def check_dropout(dropout: float) -> None:
+    """The rule of every attention's ``dropout`` (the probability of dropping an attention weight in training), which
+    each config's ``__post_init__`` applies: a ValueError unless 0 <= dropout < 1 (at 1 every weight is dropped)."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+
+
+def zero_padded_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q, k, v`` with every padded position (``mask`` False) set to zero, by selection.
+
+    Whatever a padded position holds, a NaN or an inf included, then never reaches the algorithm: neither a real
+    row's output nor, through the backward, a real position's gradient (a product with a 0/1 mask would let it
+    through, 0 * NaN being NaN), and a padded position gets no gradient. ``q, k, v``: (b, h, n, d), ``mask``: (b, n).
+    """
+    if mask is None:
+        return q, k, v
+    padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
+    return q.masked_fill(padded, 0.0), k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
+
+
 def zero_masked_queries(out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Set the rows of padded queries to exactly zero. ``out``: (b, h, n, d), ``mask``: (b, n)."""
     if mask is None:

@@ -7,7 +7,8 @@ Self-attention is approximately low rank, so the n keys and values can be replac
 linear mixtures of them without losing much. With learned projections E, F of shape (k, N), where
 N = ``seq_len`` is the longest sequence the module is built for:
 
-1. Zero the keys and values of padded tokens, so they cannot enter any mixture.
+1. The keys and values of padded tokens arrive as zeros (:meth:`Attention.forward` selects them
+   out), so they cannot enter any mixture.
 2. Project along the sequence: K' = E[:, :n] K and V' = F[:, :n] V, both (k, d). An input shorter
    than N uses the first n columns (as fairseq does), so a right-padded sequence gives exactly the
    output of the same sequence unpadded; an input longer than N is an error.
@@ -53,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_dropout
 from .registry import Attention, register, register_preset
 
 
@@ -69,8 +71,7 @@ class LinformerConfig:
             raise ValueError(f"k (the projected length) must be at least 1, got {self.k}")
         if self.init not in ("xavier", "normal"):
             raise ValueError(f"init must be 'xavier' or 'normal', got {self.init!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("linformer")
@@ -96,10 +97,6 @@ class LinformerAttention(Attention):
 
     def attend(self, q, k, v, mask):
         n = q.shape[2]
-        if mask is not None:
-            padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
-            k = k.masked_fill(padded, 0.0)
-            v = v.masked_fill(padded, 0.0)
         key_proj = self.E[..., :n].to(k.dtype)  # (h or 1, k, n)
         value_proj = key_proj if self.F is None else self.F[..., :n].to(v.dtype)  # (h or 1, k, n)
         k = torch.einsum("hkn,bhnd->bhkd", key_proj, k)  # (b, h, k, d)

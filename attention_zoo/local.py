@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import check_dropout
 from .registry import Attention, register
 
 
@@ -71,8 +72,7 @@ class LocalConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1 (tokens per block), got {self.block_size}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("local")

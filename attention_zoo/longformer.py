@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import check_dropout
 from .registry import Attention, register, register_preset
 
 _MASKED = torch.finfo(torch.float32).min  # finite, so a row with no real key stays NaN-free
@@ -87,8 +88,7 @@ class LongformerConfig:
             )
         if self.num_global_tokens < 0:
             raise ValueError(f"num_global_tokens must be >= 0, got {self.num_global_tokens}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("longformer")

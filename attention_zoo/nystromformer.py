@@ -5,8 +5,9 @@ Approximating Self-Attention", AAAI 2021. Authors' code: github.com/mlpen/Nystro
 
 The n x n matrix S = softmax(Q K^T / sqrt(d)) is never formed. With m landmarks:
 
-1. Mask. Q, K and V are zeroed at padded positions (the authors multiply Q and K by the mask), so
-   a padded token is a zero vector and nothing it holds reaches the landmarks or the convolution.
+1. Mask. Q, K and V arrive zeroed at padded positions (:meth:`Attention.forward` selects them out;
+   the authors multiply Q and K by the mask), so a padded token is a zero vector and nothing it holds
+   reaches the landmarks or the convolution.
 2. Landmarks. The n tokens are cut into m contiguous segments; the landmarks Q~ and K~ (m x d) are
    the means of Q and K over each segment.
 3. Three softmax kernels (scores scaled by 1/sqrt(d)):
@@ -193,9 +194,6 @@ class NystromformerAttention(Attention):
 
     def attend(self, q, k, v, mask):
         n, d = q.shape[-2:]
-        if mask is not None:
-            padded = ~mask[:, None, :, None]  # (b, 1, n, 1)
-            q, k, v = q.masked_fill(padded, 0.0), k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
         q = q / math.sqrt(d)  # before the landmarks: the means are linear, so every kernel is scaled
         m = min(self.config.num_landmarks, n)
         if m == n:  # every token is a landmark: the Nystrom approximation is exact softmax

@@ -205,7 +205,7 @@ class _Favor(torch.autograd.Function):
         if projection.requires_grad:
             raise ValueError("the FAVOR+ projection is a fixed draw (a buffer), it takes no gradient")
         exp_k, _ = _stabilised_exponentials(k, projection, key_mask, is_query=False, with_directions=False)  # (b, h, n, m)
-        real_values = values if key_mask is None else values * key_mask  # (b, h, n, dv + 1)
+        real_values = values if key_mask is None else values.masked_fill(~key_mask, 0.0)  # (b, h, n, dv + 1)
         num_features = projection.shape[0]
         context = (exp_k.transpose(-2, -1) @ values + eps * real_values.sum(dim=-2, keepdim=True)) / num_features
         del exp_k  # (0 at padded keys) made again in the backward
@@ -225,7 +225,9 @@ class _Favor(torch.autograd.Function):
         exp_k, directions_k = _stabilised_exponentials(k, projection, key_mask, is_query=False, with_directions=True)
         grad_sums = grad_context / num_features  # (b, h, m, dv + 1): for E_K^T [V, 1] + eps sum_real [V, 1]
         eps_part = eps * grad_sums.sum(dim=-2, keepdim=True)  # (b, h, 1, dv + 1)
-        grad_values = exp_k @ grad_sums + (eps_part if key_mask is None else eps_part * key_mask)  # (b, h, n, dv + 1)
+        if key_mask is not None:
+            eps_part = torch.where(key_mask, eps_part, 0.0)  # (b, h, n, dv + 1): real keys only
+        grad_values = exp_k @ grad_sums + eps_part  # (b, h, n, dv + 1)
         grad_k = _exponentials_backward(values @ grad_sums.transpose(-2, -1), exp_k, k, projection, directions_k, False)
         return grad_q, grad_k, grad_values, None, None, None
 

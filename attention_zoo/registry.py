@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Literal, Union
 import torch
 from torch import nn
 
-from ._checks import check_inputs, zero_masked_queries
+from ._checks import check_inputs, zero_masked_queries, zero_padded_inputs
 
 _REGISTRY: dict[str, type[Attention]] = {}
 _PRESETS: dict[str, Preset] = {}
@@ -58,10 +58,12 @@ class Attention(nn.Module):
     ``(batch, heads, seq, value_dim)`` (``value_dim`` may differ from ``head_dim``) and an optional
     key-padding ``mask`` of shape ``(batch, seq)`` (bool, ``True`` = real token) to an output of
     the same shape as ``v``. Contract: masked keys never contribute, masked query rows come out as
-    zeros, any ``seq >= 1`` works, and float32/float16/bfloat16 inputs give outputs of that dtype.
+    zeros, nothing at a padded position (a NaN or an inf included) reaches a real row's output or
+    gradient, any ``seq >= 1`` works, and float32/float16/bfloat16 inputs give outputs of that dtype.
 
-    Subclasses implement :meth:`attend`; :meth:`forward` checks the inputs, applies the float32
-    policy and zeroes the masked query rows, so no attention repeats those rules. Class attributes:
+    Subclasses implement :meth:`attend`; :meth:`forward` checks the inputs, zeroes the padded
+    positions of q, k and v, applies the float32 policy and zeroes the masked query rows, so no
+    attention repeats those rules. Class attributes:
 
     * ``Config``: the dataclass of hyperparameters;
     * ``in_float32 = True`` when the algorithm's arithmetic needs float32 (exponentials of large
@@ -94,13 +96,15 @@ class Attention(nn.Module):
         self.config = config
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The float32 policy, in one place: cast to float32, autocast off, cast back; then masked rows are zeroed."""
+        """Padded positions selected out of q, k and v; the float32 policy, in one place: cast to float32, autocast
+        off, cast back; then masked rows are zeroed."""
         check_inputs(q, k, v, mask)
         if self.sized_by_seq_len and q.shape[2] > self.seq_len:
             raise ValueError(
                 f"sequence length {q.shape[2]} exceeds seq_len={self.seq_len}, the length {self.sized_by_seq_len} "
                 f"were built for; build the attention with seq_len >= {q.shape[2]}"
             )
+        q, k, v = zero_padded_inputs(q, k, v, mask)
         if self.in_float32:
             # .float() alone is not enough: under autocast the products would still run in bfloat16.
             with torch.autocast(q.device.type, enabled=False):
@@ -110,7 +114,8 @@ class Attention(nn.Module):
         return zero_masked_queries(out, mask)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The algorithm on checked inputs (float32 when ``in_float32``); rows of masked queries may hold anything."""
+        """The algorithm on checked inputs, zero at padded positions (float32 when ``in_float32``); rows of masked
+        queries may hold anything."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

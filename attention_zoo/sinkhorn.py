@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_dropout
 from .registry import Attention, register
 
 
@@ -74,8 +75,7 @@ class SinkhornConfig:
             raise ValueError(f"sinkhorn_iterations must be at least 1, got {self.sinkhorn_iterations}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("sinkhorn")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from yoso_cuda import has_kernel, softmax_dropout_attention
 
+from ._checks import check_dropout
 from .registry import Attention, register
 
 
@@ -35,8 +36,7 @@ class SoftmaxConfig:
     dropout: float = 0.1  # attention-probability dropout of the Nystromformer/YOSO LRA setup (training only)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("softmax")

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import check_dropout
 from .registry import Attention, register, register_preset
 
 
@@ -74,8 +75,7 @@ class SparseTransformerConfig:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
         if not 0 <= self.num_summary <= self.block_size:
             raise ValueError(f"num_summary must be in [0, block_size={self.block_size}], got {self.num_summary}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 @register("sparse_transformer")

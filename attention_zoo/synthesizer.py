@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_dropout
 from .registry import Attention, register, register_preset
 
 
@@ -71,8 +72,7 @@ class SynthesizerConfig:
             raise ValueError(f"variant must be 'dense', 'random' or 'factorized_random', got {self.variant!r}")
         if self.k < 1:
             raise ValueError(f"k (the rank of factorized_random) must be at least 1, got {self.k}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
 
 
 def _xavier(*shape: int, fan_in: int, fan_out: int) -> nn.Parameter:

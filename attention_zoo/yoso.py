@@ -158,7 +158,7 @@ class YosoAttention(Attention):
             )
         out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
         if self.conv is not None:
-            out = out + self.conv(v * real[:, None, :, None])  # (b, h, n, d)
+            out = out + self.conv(v)  # (b, h, n, d); v is zero at padded positions (Attention.forward)
         return out
 
     def hash(self, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

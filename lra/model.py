@@ -153,9 +153,10 @@ class LRAEncoder(nn.Module):
         return self.final_norm(x), mask
 
     def token_features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions."""
+        """``(batch, seq, dim)`` features after the final LayerNorm, zero at padded positions (selected, so that whatever
+        a padded position held, a NaN included, is not kept)."""
         features, mask = self.normed_features(input_ids)
-        return features * mask[..., None]  # (b, n, dim)
+        return features.masked_fill(~mask[..., None], 0.0)  # (b, n, dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return masked_mean(*self.normed_features(input_ids))  # (b, dim)
@@ -164,11 +165,14 @@ class LRAEncoder(nn.Module):
 def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(batch, dim)``: the mean over every position of ``features`` (batch, seq, dim) zeroed where ``mask`` (batch, seq)
     is False, i.e. the sum over real tokens divided by the padded length, as ``(features * mask[..., None]).mean(1)``
-    to float rounding: one batched product (batch, 1, seq) @ (batch, seq, dim) each way, in the features' dtype
-    (autocast off: under bf16 autocast the product would round the float32 features to bfloat16)."""
+    to float rounding on finite features. The padded positions are selected out, not multiplied by zero, so nothing
+    they hold (0 * NaN is NaN) reaches the mean. The sum is one batched product (batch, 1, seq) @ (batch, seq, dim)
+    each way, in the features' dtype (autocast off: under bf16 autocast the product would round the float32 features
+    to bfloat16)."""
     with torch.autocast(features.device.type, enabled=False):
-        weights = mask.to(features.dtype)[:, None, :]  # (b, 1, n)
-        return torch.bmm(weights, features).squeeze(1) / features.shape[1]  # (b, dim)
+        real_features = features.masked_fill(~mask[..., None], 0.0)  # (b, n, dim)
+        ones = features.new_ones(features.shape[0], 1, features.shape[1])  # (b, 1, n)
+        return torch.bmm(ones, real_features).squeeze(1) / features.shape[1]  # (b, dim)
 
 
 class _AddPositions(torch.autograd.Function):

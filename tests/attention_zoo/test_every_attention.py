@@ -1,12 +1,19 @@
-"""The attention contract, checked for every registered attention (a new one is covered on registration).
+"""The attention contract, checked for every registered attention (a new one is covered on registration); that nothing
+at a padded position reaches a real one, also for every row of ``conf/attention`` (the settings a run trains).
 
 Random attentions are compared under the same torch seed, so their randomness cannot hide a leak.
 """
 
+import dataclasses
+import re
+
 import pytest
 import torch
+from omegaconf import OmegaConf
+from zoo_inputs import ragged_mask
 
 import attention_zoo
+from lra import config
 
 ATTENTIONS = attention_zoo.available()
 HEADS, HEAD_DIM = 2, 16
@@ -132,3 +139,50 @@ def test_bad_inputs_name_the_problem(name):
         attn(q, k, v, torch.ones(2, 8))
     with pytest.raises(ValueError, match=r"\(batch, seq\)"):
         attn(q, k, v, torch.ones(2, 7, dtype=torch.bool))
+
+
+def has_dropout(name):
+    return "dropout" in {field.name for field in dataclasses.fields(attention_zoo.get_class(name).Config)}
+
+
+@pytest.mark.parametrize("name", [name for name in ATTENTIONS if has_dropout(name)])
+@pytest.mark.parametrize("dropout", [-0.1, 1.0])
+def test_a_dropout_outside_0_1_is_refused_with_one_message(name, dropout):
+    with pytest.raises(ValueError, match=re.escape(f"dropout must be in [0, 1), got {dropout}")):
+        attention_zoo.build(name, seq_len=8, num_heads=HEADS, head_dim=HEAD_DIM, dropout=dropout)
+
+
+def attentions_and_rows():
+    """Every registered attention with its defaults, and every row of conf/attention whose settings differ from them."""
+    cases = {name: (name, {}) for name in ATTENTIONS}
+    for row in config.attention_rows():
+        attention = OmegaConf.to_container(config.compose([f"attention={row}"]).attention, resolve=True)
+        if attention_zoo.make_config(attention["name"], **attention["hparams"]) != attention_zoo.make_config(attention["name"]):
+            cases[f"attention={row}"] = (attention["name"], attention["hparams"])
+    return [pytest.param(name, hparams, id=case) for case, (name, hparams) in cases.items()]
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize(("name", "hparams"), attentions_and_rows())
+def test_a_non_finite_padded_input_reaches_no_real_row_nor_its_gradient(name, hparams, bad, training):
+    """NaN or inf in q, k and v at every padded position: the output and the gradients of q, k and v are, to the bit,
+    those of finite padding (padding selected out, not multiplied by zero: 0 * NaN is NaN), in evaluation and with
+    dropout, and a padded position gets no gradient."""
+    n = 45
+    attn = attention_zoo.build(name, seq_len=n, num_heads=HEADS, head_dim=HEAD_DIM, **hparams).train(training)
+    mask = ragged_mask(n)  # right padding, padding inside a sequence, a fully padded one
+    pad = ~mask[:, None, :, None]  # (b, 1, n, 1)
+    finite = inputs(4, n)
+    non_finite = tuple(torch.where(pad, bad, t) for t in finite)
+    outputs, grads = [], []
+    for q, k, v in (finite, non_finite):
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        out = run(attn, q, k, v, mask)
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+        outputs.append(out)
+        grads.append([torch.zeros_like(t) if t.grad is None else t.grad for t in (q, k, v)])  # None: "none" ignores q, k
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    for which, finite_grad, non_finite_grad in zip("qkv", *grads):
+        torch.testing.assert_close(non_finite_grad, finite_grad, rtol=0, atol=0, msg=f"the gradient of {which} differs")
+        assert (non_finite_grad.masked_select(pad.expand_as(non_finite_grad)) == 0).all(), f"a padded {which} has a gradient"

@@ -227,6 +227,21 @@ def test_dropout_add_without_dropout_or_outside_float32_is_the_plain_sum():
     assert torch.equal(dropout_add(dropout, half, residual), expected)
 
 
+def test_a_nan_in_a_padded_tokens_hidden_state_reaches_neither_the_pooled_output_nor_the_token_features():
+    """The padding id's embedding NaN: every padded position's hidden state is NaN in every layer, and each sequence's
+    pooled features and real tokens' features are those of a finite padding embedding, to the bit."""
+    torch.manual_seed(0)
+    encoder = LRAEncoder(10, 12, NO_DROPOUT).eval()
+    ids = torch.randint(1, 10, (3, 12))
+    ids[1, 5:] = 0
+    ids[2, ::3] = 0
+    pooled, tokens = encoder(ids), encoder.token_features(ids)
+    with torch.no_grad():
+        encoder.token_embedding.weight[0] = float("nan")
+    assert torch.equal(encoder(ids), pooled)
+    assert torch.equal(encoder.token_features(ids), tokens)
+
+
 def test_masked_mean_is_the_mean_of_the_zeroed_features_in_float64():
     torch.manual_seed(0)
     features = torch.randn(3, 40, 8)
