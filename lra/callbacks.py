@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -14,11 +15,13 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
 from . import signals
-from .module import metrics_row_due
+from .module import metrics_row_due, read_checkpoint
+from .results import DiskFull, write_atomically
 
 
 class TrainingSpeed(Callback):
@@ -34,6 +37,10 @@ class TrainingSpeed(Callback):
     of the host queueing them, and no other step waits, so the measurement does not slow what it measures (a wait
     per step left the device idle while the host prepared the next). Only this process's steps count: after a resume
     the rate is that of the resumed part, never mixed with the interrupted one's.
+
+    The rate depends on what else the machine runs: the machine's load is sampled (:func:`machine_load`) where the
+    first window starts and where the last one ends, and recorded beside the rate (``lra.table --speed`` marks a
+    rate measured under load).
     """
 
     def __init__(self) -> None:
@@ -42,17 +49,29 @@ class TrainingSpeed(Callback):
         self._since: float | None = None  # where the open window's time starts; None when no window is open
         self._window_steps = 0  # training steps in the open window
         self._previous_end: float | None = None  # the end of the window just before, if nothing came between
+        self._load_at_start: dict[str, float] | None = None  # machine_load() where the first window started
+        self._load_at_end: dict[str, float] | None = None  # and where the latest one ended
 
     @property
     def steps_per_second(self) -> float | None:
         """The rate over the windows ended so far; None before the first one ends."""
         return self.steps / self.seconds if self.seconds > 0 else None
 
+    @property
+    def load(self) -> dict[str, float] | None:
+        """The machine's load while the rate was timed: the CPUs, this run's threads, and the load average where the
+        timing started and where it ended; None before the first window ends."""
+        if self._load_at_start is None or self._load_at_end is None:
+            return None
+        start, end = self._load_at_start, self._load_at_end
+        return {"cpus": end["cpus"], "threads": end["threads"], "load_at_start": start["load"], "load_at_end": end["load"]}
+
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if self._since is None:
             if self._previous_end is None:
                 wait_for_device(pl_module.device)  # what was queued before (an evaluation, the start-up) is not counted
             self._since = self._previous_end if self._previous_end is not None else time.perf_counter()
+            self._load_at_start = self._load_at_start or machine_load()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -70,6 +89,7 @@ class TrainingSpeed(Callback):
         self.seconds += end - self._since
         self._since, self._window_steps = None, 0
         self._previous_end = end if continued else None
+        self._load_at_end = machine_load()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_window(pl_module, continued=False)  # the next training batch's time starts at its own start
@@ -90,12 +110,28 @@ def wait_for_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def machine_load() -> dict[str, float] | None:
+    """The machine's load now: the load average over the last minute (the threads running or waiting to run, this
+    run's own among them), the machine's CPUs and the threads torch computes with in this process; None on a system
+    without a load average. A cheap read of ``/proc/loadavg``."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    return {"load": round(load, 2), "cpus": os.cpu_count() or 1, "threads": torch.get_num_threads()}
+
+
 def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
     """The training rate a run's :class:`TrainingSpeed` measured (rounded), None if it has none or took no step."""
     for callback in callbacks:
         if isinstance(callback, TrainingSpeed) and callback.steps_per_second is not None:
             return round(callback.steps_per_second, 4)
     return None
+
+
+def timed_machine_load(callbacks: Iterable[Callback]) -> dict[str, float] | None:
+    """The machine's load while a run's :class:`TrainingSpeed` timed its steps (:attr:`TrainingSpeed.load`)."""
+    return next((callback.load for callback in callbacks if isinstance(callback, TrainingSpeed)), None)
 
 
 class CheckpointOnInterrupt(Callback):
@@ -169,7 +205,9 @@ class CheckpointOnInterrupt(Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._training = False
-        if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module):
+        # A full disk would refuse this save too (and its error would replace the first's): the last.ckpt of the
+        # latest evaluation stays, whole (AtomicCheckpointIO).
+        if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module) and not isinstance(exception, DiskFull):
             trainer.save_checkpoint(self.path, weights_only=False)
 
 
@@ -216,6 +254,48 @@ class RunIdentity(Callback):
 def checkpoint_identity(contents: dict[str, Any]) -> dict[str, Any] | None:
     """The :class:`RunIdentity` a checkpoint's contents carry; None for one written without it."""
     return contents.get("callbacks", {}).get(RunIdentity.__qualname__)
+
+
+def read_own_checkpoint(checkpoint: Path, config_hash: str, seed: int, fix: str) -> dict[str, Any]:
+    """The contents of ``checkpoint`` (read safely: :func:`lra.module.read_checkpoint`) where it is a checkpoint of
+    the run of ``config_hash`` and ``seed`` (or one written before run identities); else one message naming the file,
+    what is wrong with it and ``fix``. Another configuration's checkpoint (copied or moved in) would be trained on,
+    tested, and recorded as this configuration's; Lightning reads any whose shapes fit."""
+    try:
+        contents = read_checkpoint(checkpoint)
+    except ValueError:  # one that holds more than tensors and plain data: read_checkpoint's own message
+        raise
+    except Exception as error:  # a write cut short by an older version, a copy cut short, a damaged disk
+        raise ValueError(
+            f"{checkpoint} cannot be read ({type(error).__name__}: {str(error)[:120]}): it is damaged, perhaps by a write "
+            f"cut short; {fix}"
+        ) from None
+    identity = checkpoint_identity(contents)
+    if identity is not None and (identity.get("config_hash"), identity.get("seed")) != (config_hash, seed):
+        raise ValueError(
+            f"{checkpoint} is a checkpoint of another configuration or seed (config {identity.get('config_hash')}, seed "
+            f"{identity.get('seed')}), not of this run's ({config_hash}, seed {seed}): {fix}"
+        )
+    return contents
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, its files written atomically beside their target
+    (:func:`lra.results.write_atomically`).
+
+    Lightning's own writes through fsspec, which stages a file under $TMPDIR and moves it: with the outputs on another
+    filesystem (a cluster's scratch or NFS), the move is a copy, and a kill or a full disk during it left a 0-byte
+    ``last.ckpt`` or a truncated best checkpoint that every rerun failed on. Here a kill or a full disk at any moment
+    leaves the previous version whole, and a full disk is one message (:class:`lra.results.DiskFull`)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        write_atomically(path, buffer.getvalue())
 
 
 class RunFolderCheckpoint(ModelCheckpoint):

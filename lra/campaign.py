@@ -19,7 +19,9 @@ workers (``num_workers``, never more than the configuration's). Before the first
 cell is generated and prepared once (under its lock), so K cells do not all wait for it.
 
 ``start`` returns at once: the campaign runs detached (`setsid`), writing its log into
-``<dir>/campaign.log`` (``--foreground`` runs it in place). The campaign's folder (``--dir``, default
+``<dir>/campaign.log`` (``--foreground`` runs it in place). One campaign runs in a folder at a time: a
+``start`` where one runs, or where another ``start`` is launching one, refuses at once, naming its pid.
+The campaign's folder (``--dir``, default
 ``<output folder>/campaign``) holds its plan (``campaign.json``), the log, and each launched cell's
 console output (``cells/<n>.log``). ``status`` lists the cells (finished, committed, running with their
 step, failed, interrupted, pending) and exits 0; ``--wait S`` waits up to S seconds for the campaign
@@ -56,6 +58,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import resources
@@ -68,6 +71,7 @@ log = logging.getLogger("lra.campaign")
 
 PLAN_FILE = "campaign.json"
 LOG_FILE = "campaign.log"
+START_LOCK_FILE = "start.lock"  # held by a start from its plan's writing until its campaign's process holds the folder
 CELLS = "cells"  # <dir>/cells/<n>.log: a launched cell's console output; <n>.exit: its exit status
 CURVES = "curves"  # results/runs/curves/<run file name>.csv: a packed cell's metrics.csv
 MEASURE_SEED = 1000  # measure's copies of a cell: seeds never swept, so nothing is skipped or overwritten
@@ -177,13 +181,26 @@ def compose(overrides: list[str]):
         raise CampaignError(f"the overrides {' '.join(overrides)} do not compose: {first}") from None
 
 
+def checked_and_hashed(cfg: Any) -> tuple[Any, str]:
+    """A composed cell's configuration as ``lra.train`` checks it (a ValueError where it refuses it) and the hash its
+    run records, by which a finished or committed run of it is recognised. The protocol adjustments are the cell's
+    run's to log, not logged here."""
+    from . import train
+    from .results import CLASSIFICATION, config_hash
+
+    quiet = logging.getLogger("lra.train")
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        checked, _ = train.checked(cfg, CLASSIFICATION)
+    finally:
+        quiet.setLevel(level)
+    return checked, config_hash(train.defining_config(checked))
+
+
 def plan_cell(index: int, overrides: list[str]) -> tuple[Cell, dict[str, Any]]:
     """The cell and its resolved ``task.data`` (for preparing its data once), composed as ``lra.train`` composes it."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
-
-    from . import train
-    from .results import CLASSIFICATION, config_hash
 
     cfg = compose(overrides)
     HydraConfig.instance().set_config(cfg)  # the run folder's ${hydra:...} interpolations
@@ -191,20 +208,16 @@ def plan_cell(index: int, overrides: list[str]) -> tuple[Cell, dict[str, Any]]:
     choices = cfg.hydra.runtime.choices
     changes = [o for o in cfg.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~").startswith("attention.")]
     row = " ".join([choices["attention"], *sorted(changes)])  # as lra.train names the table row
-    quiet = logging.getLogger("lra.train")
-    level, quiet.level = quiet.level, logging.ERROR  # the protocol adjustments are the cell's to log
     try:
-        checked, _ = train.checked(cfg, CLASSIFICATION)
+        checked, digest = checked_and_hashed(cfg)
     except ValueError as error:
         raise CampaignError(f"cell {' '.join(overrides)}: {error}") from None
-    finally:
-        quiet.setLevel(level)
     cell = Cell(
         index=index,
         name=f"{cfg.task.name} / {row} / seed {cfg.seed}",
         overrides=list(overrides),
         folder=str(folder),
-        config_hash=config_hash(train.defining_config(checked)),
+        config_hash=digest,
         task=str(cfg.task.name),
         max_steps=int(checked.task.protocol.max_steps),
         num_workers=int(cfg.num_workers),
@@ -346,12 +359,14 @@ def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tup
             continue
         record = results.read(path)
         if record and record.status == "finished" and record.stage is None and record.config_hash in hashes:
-            found.setdefault(record.config_hash, path)
+            if not results.config_hash_problem(record):  # a stored hash is a claim (lra.train.finished_record)
+                found.setdefault(record.config_hash, path)
     committed: dict[str, Path] = {}
     for path in sorted(runs_dir.glob("*.json")) if runs_dir.is_dir() else []:
         record = results.read(path)
         if record and record.status == "finished" and record.config_hash in hashes:
-            committed.setdefault(record.config_hash, path)
+            if not results.config_hash_problem(record):
+                committed.setdefault(record.config_hash, path)
     return found, committed
 
 
@@ -435,10 +450,42 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(staging, path)
 
 
+def refuse_if_taken(campaign: Path, holding_start_lock: bool = False) -> None:
+    """One message, exit status 1, where the campaign's folder is taken: a campaign runs there, or another ``start``
+    is launching one (its plan would replace this one's, and only one of them could run). ``holding_start_lock``:
+    this process holds the start lock (:func:`starting`), so only a running campaign takes the folder."""
+    if holder := run_lock.holder(campaign):
+        taken = f"a campaign is already running in {campaign} ({holder})"
+    elif not holding_start_lock and (holder := run_lock.holder(campaign, START_LOCK_FILE)):
+        taken = f"another python -m lra.campaign start is starting a campaign in {campaign} ({holder})"
+    else:
+        return
+    raise CampaignError(
+        f"{taken}: wait for it to end (python -m lra.campaign status --dir {campaign} --wait SECONDS), stop it "
+        f"(python -m lra.campaign stop --dir {campaign}), or start this campaign in another folder (--dir)",
+        1,
+    )
+
+
+@contextlib.contextmanager
+def starting(campaign: Path) -> Iterator[None]:
+    """Hold the campaign's start lock for the block (writing the plan, launching the campaign's process until it
+    holds the folder): of two ``start`` in one folder at once, one starts and the other refuses at once, where both
+    said "Started" while the second's plan replaced the first's and its process found the folder held and ended."""
+    start_lock = contextlib.ExitStack()
+    try:
+        start_lock.enter_context(run_lock.held(campaign, START_LOCK_FILE))
+    except run_lock.RunFolderBusy as busy:
+        refuse_if_taken(campaign)  # names the other start
+        raise CampaignError(str(busy), 1) from None  # it has ended since, or the filesystem has no locks
+    with start_lock:
+        refuse_if_taken(campaign, holding_start_lock=True)  # a campaign that took the folder while this one planned
+        yield
+
+
 def start(args: argparse.Namespace) -> int:
     campaign = args.dir.absolute()
-    if holder := run_lock.holder(campaign):
-        raise CampaignError(f"a campaign is running in {campaign} ({holder}); python -m lra.campaign status shows it", 1)
+    refuse_if_taken(campaign)  # before planning, which takes a while
     cells, datasets, trainer = make_plan(args.overrides)
     parallel = chosen_parallel(args.parallel, trainer, args.results)
     share = Share.of(parallel, cores())
@@ -475,25 +522,25 @@ def start(args: argparse.Namespace) -> int:
                 return 0
             print("note: no CUDA GPU is visible here; start refuses these cells on this machine")
         return 0
-    campaign.mkdir(parents=True, exist_ok=True)
-    (campaign / CELLS).mkdir(exist_ok=True)
-    for old in (campaign / CELLS).iterdir():  # the previous plan's cells
-        old.unlink()
-    write_json(campaign / PLAN_FILE, plan)
-    if args.foreground:
-        return run(campaign)
-    with open(campaign / LOG_FILE, "a") as logfile:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "lra.campaign", "run", "--dir", str(campaign)],
-            stdin=subprocess.DEVNULL,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives this command, its terminal and its process group
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and daemon.poll() is None and not run_lock.holder(campaign):
-        time.sleep(0.2)
+    with starting(campaign):
+        (campaign / CELLS).mkdir(exist_ok=True)
+        for old in (campaign / CELLS).iterdir():  # the previous plan's cells
+            old.unlink()
+        write_json(campaign / PLAN_FILE, plan)
+        if args.foreground:
+            return run(campaign)
+        with open(campaign / LOG_FILE, "a") as logfile:
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "lra.campaign", "run", "--dir", str(campaign)],
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives this command, its terminal and its process group
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and daemon.poll() is None and not run_lock.holder(campaign):
+            time.sleep(0.2)
     if daemon.poll() not in (None, 0):
         tail = (campaign / LOG_FILE).read_text(errors="replace").splitlines()[-15:]
         raise CampaignError("the campaign stopped at once:\n" + "\n".join(tail), 1)
@@ -636,7 +683,11 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
             log.info("ended %s: exit status %d after %.0f s", cell.name, process.returncode, time.monotonic() - started)
     from .sweep import summary
 
-    lines, failed = summary([{"folder": cell.folder} for cell in ended]) if ended else ([], 0)
+    # A cell whose configuration finished elsewhere since the plan was made is skipped by its run: it counts there.
+    found, committed = finished_records(ended, Path(plan["output_dir"]), Path(plan["runs_dir"]))
+    finished_in = {**committed, **found}
+    cells = [{"folder": cell.folder, "finished_in": str(finished_in.get(cell.config_hash, ""))} for cell in ended]
+    lines, failed = summary(cells) if ended else ([], 0)
     log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
     if plan.get("parallel_auto") and training_since is not None:
         trained = sum((progress(Path(c.folder))[0] or 0) - first_step[c.index] for c in ended if c.index in first_step)

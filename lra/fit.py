@@ -23,7 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from . import results
-from .callbacks import CheckpointOnInterrupt, RunIdentity, steps_per_second
+from .callbacks import (
+    AtomicCheckpointIO,
+    CheckpointOnInterrupt,
+    RunIdentity,
+    read_own_checkpoint,
+    steps_per_second,
+    timed_machine_load,
+)
 from .datamodule import LRADataModule
 from .module import (
     LRAClassificationModule,
@@ -35,6 +42,7 @@ from .module import (
     load_pretrained_encoder,
     read_checkpoint,
 )
+from .protocol import Protocol
 from .results import CLASSIFICATION, PRETRAINING
 
 log = logging.getLogger(__name__)
@@ -139,6 +147,7 @@ def build_module(cfg: DictConfig, stage: str, init_from: Path | None) -> LRAModu
         warmup_steps=protocol.warmup_steps,
         max_steps=protocol.max_steps,
         weight_decay=protocol.weight_decay,
+        skip_non_finite_steps=Protocol.checked(OmegaConf.to_container(protocol, resolve=True)).skip_non_finite_steps,
     )
     if stage == PRETRAINING:
         return LRAMaskedLMModule(**arguments, mask_rate=cfg.pretrain.mask_rate)
@@ -171,6 +180,7 @@ def build_trainer(
         limit_val_batches=protocol.limit_val_batches,
         use_distributed_sampler=False,
         callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],  # every checkpoint written whole or not at all, beside its target
         logger=instantiate(cfg.logger, "the logger", **resume),
         log_every_n_steps=min(50, protocol.val_check_interval),
         default_root_dir=output_dir,
@@ -209,10 +219,12 @@ def what_trained(trainer: pl.Trainer, module: LRAModule) -> dict[str, Any]:
         num_parameters=sum(p.numel() for p in module.parameters()),
         steps=trainer.global_step,
         steps_per_second=steps_per_second(trainer.callbacks),  # training steps only (lra.callbacks.TrainingSpeed)
+        machine_load=timed_machine_load(trainer.callbacks),
         processes=trainer.world_size,
         best_val_acc=float(trainer.checkpoint_callback.best_model_score),
         best_val_step=checkpoint_step(Path(best)),  # read safely before Lightning tests it
         best_checkpoint=str(best),
+        **({"skipped_steps": module.skipped_steps} if module.hparams.skip_non_finite_steps else {}),
     )
 
 
@@ -244,6 +256,10 @@ def fit_and_test(
     on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     with without_known_warnings(), on_interrupt.stop_between_steps() if on_interrupt else nullcontext():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if identity is not None and (best := trainer.checkpoint_callback.best_model_path):
+        # The best checkpoint may be one a resumed run found in its folder: test only this run's.
+        fix = f"delete {Path(best).parent} and run the same command again to train this configuration from the start"
+        read_own_checkpoint(Path(best), config_hash, cfg.seed, fix)
     trained = what_trained(trainer, module)
     best = trained["best_checkpoint"]
     device = trainer.strategy.root_device

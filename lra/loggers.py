@@ -3,20 +3,49 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
+from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.loggers import CSVLogger as LightningCSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
+from .results import write_atomically
 
-class ResumedExperimentWriter(ExperimentWriter):
-    """Lightning's metrics.csv writer that continues the file of an interrupted run.
+
+class AtomicExperimentWriter(ExperimentWriter):
+    """Lightning's metrics.csv writer, each save written whole (:func:`lra.results.write_atomically`): Lightning
+    appends the new rows in place, where a kill or a full disk could leave half a row for the resumed run to read."""
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        self._record_new_keys()
+        self.write_rows(self.saved_rows() + self.metrics, self.metrics_keys)
+        self.metrics = []
+
+    def saved_rows(self) -> list[dict[str, str]]:
+        if not os.path.isfile(self.metrics_file_path):
+            return []
+        with open(self.metrics_file_path, newline="") as file:
+            return list(csv.DictReader(file))
+
+    def write_rows(self, rows: list[dict[str, Any]], keys: list[str]) -> None:
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomically(Path(self.metrics_file_path), text.getvalue().encode())
+
+
+class ResumedExperimentWriter(AtomicExperimentWriter):
+    """The metrics.csv writer that continues the file of an interrupted run.
 
     Lightning deletes an existing metrics.csv when a writer opens it. This writer keeps its rows of
     the steps before ``resume_step`` (the global step of the checkpoint the run resumes from) and
-    drops the later ones, which the resumed run logs again; new rows are appended after them.
+    drops the later ones, which the resumed run logs again; new rows are added after them.
     """
 
     def __init__(self, log_dir: str, resume_step: int) -> None:
@@ -31,10 +60,7 @@ class ResumedExperimentWriter(ExperimentWriter):
             keys = list(reader.fieldnames or [])
             # A checkpoint at global step s follows the rows of steps <= s (rows count steps done: CSVLogger).
             rows = [row for row in reader if int(float(row["step"])) <= self.resume_step]
-        with open(self.metrics_file_path, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+        self.write_rows(rows, keys)
         self.metrics_keys = keys
 
 
@@ -61,8 +87,9 @@ class CSVLogger(LightningCSVLogger):
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
-            if self.resume_step is None:
-                return super().experiment
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = ResumedExperimentWriter(self.log_dir, self.resume_step)
+            if self.resume_step is None:
+                self._experiment = AtomicExperimentWriter(self.log_dir)
+            else:
+                self._experiment = ResumedExperimentWriter(self.log_dir, self.resume_step)
         return self._experiment

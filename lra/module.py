@@ -76,13 +76,15 @@ class LRAModule(pl.LightningModule):
         max_steps: int = 5000,
         weight_decay: float = 0.0,
         eps: float = 1e-6,
+        skip_non_finite_steps: bool = False,
     ) -> None:
         super().__init__()
         if problem := schedule_problem(warmup_steps, max_steps):
             raise ValueError(problem)
         self.save_hyperparameters(
-            "task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps", "weight_decay", "eps"
-        )
+            "task", "seq_len", "model", "attention", "lr", "warmup_steps", "max_steps", "weight_decay", "eps",
+            "skip_non_finite_steps",
+        )  # fmt: skip
         self.spec = get_spec(task)
         self.model_config = ModelConfig.from_dict(model)
         self.attention_config = AttentionConfig(**attention)
@@ -90,6 +92,9 @@ class LRAModule(pl.LightningModule):
         # step whose loss was not finite (-1: none yet) and the latest finite loss; read where the host waits anyway.
         self._first_nonfinite_step: torch.Tensor | None = None
         self._last_finite_loss: torch.Tensor | None = None
+        # With skip_non_finite_steps: the steps skipped so far (kept in checkpoints) and the loss of the step under way.
+        self.skipped_steps = 0
+        self._step_loss: torch.Tensor | None = None
 
     # Set by compile_model when the network replays CUDA graphs: each step then marks its start for them.
     marks_cuda_graph_steps = False
@@ -151,7 +156,10 @@ class LRAModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss, accuracy = self.training_loss(batch)
-        self.watch_for_divergence(loss, self.global_step)
+        if self.hparams.skip_non_finite_steps:
+            self._step_loss = loss.detach()  # checked with the gradients, before the update (on_before_optimizer_step)
+        else:
+            self.watch_for_divergence(loss, self.global_step)
         # Logged only at the steps that write a metrics row (trainer.log_every_n_steps), where the logger reads them (a
         # wait for the device). Not as prog_bar values, which Lightning reads at every batch's end while they are
         # current: lra.callbacks.StepProgressBar shows them, read at those same steps.
@@ -169,6 +177,24 @@ class LRAModule(pl.LightningModule):
         first_time = ~finite & (self._first_nonfinite_step < 0)
         self._first_nonfinite_step = torch.where(first_time, step, self._first_nonfinite_step)
         self._last_finite_loss = torch.where(finite, loss.detach().float(), self._last_finite_loss)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """With ``skip_non_finite_steps`` (a protocol's opt-in), drop the update of a step whose loss or gradients are
+        not finite and count it, as mixed-precision scalers do: every gradient is set to None, and AdamW leaves each
+        parameter and its moments as they were. A wait for the device at every step, paid only by a protocol that opts
+        in; without it, a non-finite loss stops the run as diverged."""
+        if not self.hparams.skip_non_finite_steps:
+            return
+        gradients = [parameter.grad for parameter in self.parameters() if parameter.grad is not None]
+        if not bool(torch.stack([torch.isfinite(t).all() for t in (self._step_loss, *gradients)]).all()):
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["skipped_non_finite_steps"] = self.skipped_steps  # a resumed run goes on counting
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = checkpoint.get("skipped_non_finite_steps", 0)
 
     def check_divergence(self) -> None:
         """Raise :class:`Diverged` if a step's loss was not finite (a wait for the device: call it where one is due)."""

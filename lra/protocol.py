@@ -37,6 +37,9 @@ class Protocol:
     limit_val_batches: int
     lr: float
     weight_decay: float
+    # Skip a step whose loss or gradients are not finite (no update; counted in the record), as mixed-precision
+    # scalers do, instead of stopping the run as diverged (lra.module). Off unless a protocol opts in.
+    skip_non_finite_steps: bool = False
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "max_steps", "val_check_interval", "limit_val_batches"):
@@ -59,7 +62,7 @@ class Protocol:
             unknown=lambda keys: f"unknown task.protocol field(s) {keys}; the protocol has {', '.join(PROTOCOL_FIELDS)}",
             invalid=lambda key, kind, value: f"task.protocol.{key} must be {kind}, got {value!r}",
         )
-        missing = [key for key in PROTOCOL_FIELDS if key not in fields]
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields and f.default is dataclasses.MISSING]
         if missing:
             raise ValueError(f"task.protocol lacks {', '.join(missing)}")
         return cls(**fields)

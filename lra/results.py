@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
 import resource
+import shutil
 import subprocess
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 import attention_zoo
 
@@ -29,8 +35,17 @@ PRECISION_NAMES = {"32": FLOAT32, "64": "64-true", "16": "16-mixed", "bf16": "bf
 
 # Settings added to a run's identity after runs were recorded, at the value those runs had: a run with these
 # values has the config hash it had before them (config_hash), and a record without them has them (lra.table).
-# A key is (part, setting) for a setting inside a part of the configuration, or (setting,) for a top-level one.
-ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): "none", ("precision",): FLOAT32}
+# A key is the setting's path: (setting,) at the top level, (part, setting) inside a part of the configuration, a
+# longer one deeper; a part added whole (pretrain) is a setting of its own. A protocol's setting has a path in a
+# defining config (task.protocol) and one in a record (protocol), and one in the pretraining's protocol.
+ADDED_SETTINGS = {
+    ("model", "positions"): "learned",
+    ("pretrain",): {"objective": "none"},
+    ("precision",): FLOAT32,
+    ("task", "protocol", "skip_non_finite_steps"): False,
+    ("protocol", "skip_non_finite_steps"): False,
+    ("pretrain", "protocol", "skip_non_finite_steps"): False,
+}
 
 # What a run's identity (config_hash, and the cells lra.table pools: CONFIGURATION_KEYS) is: every setting that
 # changes what is computed. The composed config's other keys are left out, each for a reason:
@@ -43,7 +58,11 @@ ADDED_SETTINGS = {("model", "positions"): "learned", ("pretrain", "objective"): 
 #   draws, and a compiled run is reproducible from its seed (tests/lra/test_compile.py);
 # * trainer.enable_progress_bar, logger, callbacks, num_workers, paths, rerun: what is shown, written, or where,
 #   and how batches are loaded (the sampler is seeded, so the batches are the same), never what is computed;
-# * task.data.source_dir, cache_dir, generated_dir: where the data lies; which data it is, is data_source.
+# * task.data.source_dir, cache_dir, generated_dir: where the data lies; which data it is, is data_source. The hash
+#   holds the task's own paths under the default data folder in their place (default_data_paths), as every run
+#   committed before they were left out had them, so a record, which keeps no paths, has a hash that can be recomputed.
+DATA_PATHS = ("source_dir", "cache_dir", "generated_dir")
+DEFAULT_DATA_DIR = "data"  # conf/paths' data folder where LRA_DATA_DIR is not set
 
 
 def precision_name(precision: Any) -> str:
@@ -52,10 +71,19 @@ def precision_name(precision: Any) -> str:
 
 
 def with_added_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (a record's or a defining config) with every added setting it lacks at its old value."""
-    config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
-    for (*part, key), value in ADDED_SETTINGS.items():
-        (config.setdefault(part[0], {}) if part else config).setdefault(key, value)
+    """``config`` (a record's) with every added setting it lacks at its old value, where the part it is in is (a record
+    that failed before its configuration was known has no protocol to complete)."""
+    config = copy.deepcopy(config)
+    for (*parts, key), value in ADDED_SETTINGS.items():
+        if isinstance(part := nested_part(config, parts), dict):
+            part.setdefault(key, copy.deepcopy(value))
+    return config
+
+
+def nested_part(config: dict[str, Any], parts: list[str]) -> Any:
+    """The value at the path ``parts`` of ``config``; None where there is none."""
+    for name in parts:
+        config = config.get(name) if isinstance(config, dict) else None
     return config
 
 
@@ -74,29 +102,89 @@ def model_and_hparams_with_current_names(
     return model, hparams
 
 
+@cache
+def default_data_paths(task: str) -> dict[str, str]:
+    """Where ``conf/task/<task>.yaml`` puts the task's data under the default data folder: what a config hash holds
+    for the data's paths (:data:`DATA_PATHS`) wherever the data lies."""
+    composed = OmegaConf.merge({"paths": {"data_dir": DEFAULT_DATA_DIR}}, {"task": task_options(task)})
+    return {key: composed.task.data[key] for key in DATA_PATHS if key in composed.task.data}
+
+
+def task_options(task: str) -> Any:
+    """``conf/task/<task>.yaml`` over the task options its defaults list names (Path-X's is Pathfinder's), unresolved:
+    the one defaults rule the task group uses, read without Hydra, which cannot compose inside a running job."""
+    options = OmegaConf.create((resources.files("lra.conf") / "task" / f"{task}.yaml").read_text())
+    defaults = list(options.pop("defaults", ["_self_"]))
+    return OmegaConf.merge(*(options if name == "_self_" else task_options(name) for name in defaults))
+
+
 def config_hash(config: dict[str, Any]) -> str:
     """A short, stable hash of the settings that define a run's result.
 
     Settings of :data:`ADDED_SETTINGS` at their old values are left out (and a part they leave
     empty), and renamed settings hashed under their old names, so that a run of today's default
-    configuration keeps the hash of its earlier runs.
+    configuration keeps the hash of its earlier runs. The data's paths are hashed as the task's
+    defaults (:func:`default_data_paths`): where the data lies never changes the hash.
     """
-    config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
+    config = copy.deepcopy(config)
+    task = config.get("task")
+    if isinstance(task, dict) and isinstance(task.get("data"), dict) and DATA_PATHS[0] in task["data"]:
+        config["task"] = {**task, "data": {**task["data"], **default_data_paths(task["name"])}}
     if "model" in config and "attention" in config:
         attention = config["attention"]
         config["model"], hparams = model_and_hparams_with_current_names(
             config["model"], attention["name"], attention["hparams"], old=True
         )
         config["attention"] = {**attention, "hparams": hparams}
-    for (*part, key), value in ADDED_SETTINGS.items():
-        if not part:
-            if config.get(key) == value:
-                del config[key]
-        elif isinstance(config.get(part[0]), dict) and config[part[0]].get(key) == value:
-            del config[part[0]][key]
-            if not config[part[0]]:
-                del config[part[0]]
+    for (*parts, key), value in ADDED_SETTINGS.items():
+        part = nested_part(config, parts)
+        if isinstance(part, dict) and key in part and part[key] == value:
+            del part[key]
+            if parts and not part:  # a part only the added setting was in
+                del nested_part(config, parts[:-1])[parts[-1]]
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class DiskFull(OSError):
+    """A file could not be written for want of space: one message naming it, the space it needed and the space free."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        free = shutil.disk_usage(path.parent).free
+        super().__init__(
+            errno.ENOSPC,
+            f"no space left (a full disk or quota): writing {path} needed {size / 2**20:.1f} MB and "
+            f"{free / 2**20:.1f} MB are free there; its previous version is intact. Free some space (or move the "
+            "outputs: LRA_OUTPUT_DIR) and run the same command again: it resumes from the run's last.ckpt",
+        )
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader, a kill or a full disk at any moment finds either its previous
+    version whole or the new one: into a temporary file beside it (on the same filesystem, so that the rename is
+    atomic; one under $TMPDIR would be copied over, and a copy can be cut short), flushed to the disk, renamed over
+    it. A full disk is :class:`DiskFull`."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.tmp")  # hidden: never taken for a checkpoint or a record
+    try:
+        with open(staging, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(staging, path)
+    except OSError as error:
+        staging.unlink(missing_ok=True)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(path, len(data)) from error
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself, on the disk
+    finally:
+        os.close(folder)
 
 
 def git_commit() -> str:
@@ -177,9 +265,10 @@ VERSION_KEYS = {1: "schema_version", 2: "record_version"}
 #: every one of them. ``config_hash`` is the hash of the settings they are resolved from (``lra.train``).
 CONFIGURATION_KEYS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain", "precision")
 #: The keys that describe only the machine a run ran on, its paths: ``data.*`` ones are never recorded (a task's
-#: data settings without them), the others are left out of a committed record (``lra.table --collect``).
+#: data settings without them), the others are left out of a committed record (``lra.table --collect``). The
+#: overrides are among them: they may name the machine's paths, and a committed run is named by its configuration.
 MACHINE_KEYS = (
-    "best_checkpoint", "data_folder", "data_prepared_from", "resumed_from",
+    "best_checkpoint", "data_folder", "data_prepared_from", "resumed_from", "overrides",
     "data.source_dir", "data.cache_dir", "data.generated_dir",
 )  # fmt: skip
 
@@ -199,6 +288,7 @@ class RunRecord:
     task: str | None = None
     attention: str | None = None
     row: str | None = None  # the table row: the attention preset and any command-line change to it
+    overrides: list[str] | None = None  # the command line's overrides: what names a run the table lists as not a cell
     seed: int | None = None
     git_commit: str | None = None
     torch_version: str | None = None
@@ -224,6 +314,8 @@ class RunRecord:
     num_parameters: int | None = None
     steps: int | None = None
     steps_per_second: float | None = None
+    skipped_steps: int | None = None  # steps skipped for a non-finite loss or gradients (protocol.skip_non_finite_steps)
+    machine_load: dict[str, float] | None = None  # while steps_per_second was timed (lra.callbacks.TrainingSpeed)
     processes: int | None = None
     best_val_acc: float | None = None
     best_val_step: int | None = None
@@ -293,13 +385,10 @@ class RunRecord:
         return values
 
     def write(self, path: Path, committed: bool = False) -> None:
-        """Write atomically, so a reader never sees half a file; ``committed``: as ``results/runs/`` keeps it, without
-        the machine's paths and with its keys sorted."""
-        path = Path(path)
-        staging = path.with_suffix(".json.tmp")
+        """Write atomically (:func:`write_atomically`), so a reader never sees half a file; ``committed``: as
+        ``results/runs/`` keeps it, without the machine's paths and with its keys sorted."""
         text = json.dumps(self.to_dict(committed), indent=2, sort_keys=committed, default=str, allow_nan=False)
-        staging.write_text(text + "\n")
-        os.replace(staging, path)
+        write_atomically(Path(path), (text + "\n").encode())
 
     def configuration(self) -> dict[str, Any]:
         """The configuration keys the record has, with every added setting it lacks at its old value
@@ -312,6 +401,38 @@ class RunRecord:
 
 
 RECORD_KEYS = tuple(f.name for f in fields(RunRecord) if f.name not in ("record_version", "nulls"))
+
+
+def recomputed_config_hash(record: RunRecord) -> str | None:
+    """The config hash of the configuration ``record`` keeps, recomputed (lra.train's ``defining_config`` from the
+    record's keys); None for a record that keeps too little of it to tell (one of before the data and the sequence
+    length were recorded). A stored ``config_hash`` is a claim: this is what it must equal."""
+    if record.task is None or record.seq_len is None or record.data is None or record.protocol is None:
+        return None
+    data = {**record.data, **default_data_paths(record.task)}  # the paths a record never keeps, as the hash holds them
+    task = {"name": record.task, "seq_len": record.seq_len, "data": data, "protocol": record.protocol}
+    defining = {
+        "task": task,
+        "attention": {"name": record.attention, "hparams": record.attention_hparams},
+        "model": record.model,
+        "seed": record.seed,
+    }
+    defining.update({key: getattr(record, key) for key in ("pretrain", "precision") if getattr(record, key) is not None})
+    return config_hash({**defining, "stage": record.stage} if record.stage is not None else defining)
+
+
+def config_hash_problem(record: RunRecord) -> str | None:
+    """None where ``record``'s stored ``config_hash`` is the hash recomputed from the configuration it holds
+    (:func:`recomputed_config_hash`), else what is wrong with it, in words."""
+    recomputed = recomputed_config_hash(record)
+    if recomputed == record.config_hash:
+        return None
+    if recomputed is None:
+        return f"it says config_hash {record.config_hash} but holds too little of its configuration to check it (an older record)"
+    return (
+        f"it says config_hash {record.config_hash} but the configuration it holds hashes to {recomputed}: it was edited "
+        "or copied from another run"
+    )
 
 
 def read(path: Path) -> RunRecord | None:

@@ -6,7 +6,10 @@ inherit whatever the launcher (in process, joblib workers, SLURM jobs with the s
 environment); each job appends its run folder when it ends. At the end the summary lists every cell
 with its status, the first line of its error and its folder, read from the cells' ``results.json``,
 and the process exits with status 1 if any cell did not finish, so that
-``python -m lra.train -m ... && python -m lra.table`` stops there. Finished cells stay recorded.
+``python -m lra.train -m ... && python -m lra.table`` stops there. Finished cells stay recorded. A
+cell skipped because its configuration finished in another folder or is committed (``lra.train``
+looks there before it trains) has no record in its own folder: it counts as finished, and the summary
+says where its result is.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -41,7 +44,15 @@ class SweepSummary(Callback):
         # Not a sweep's job: a single run, or one started by a job (Lightning's DDP processes inherit the variable).
         if ledger is None or config.hydra.mode != RunMode.MULTIRUN:
             return
-        line = json.dumps({"folder": str(config.hydra.runtime.output_dir), "overrides": list(job_return.overrides or [])})
+        folder = Path(config.hydra.runtime.output_dir)
+        cell = {"folder": str(folder), "overrides": list(job_return.overrides or [])}
+        # A job that returned a result (not a failure, nor a refusal) without a finished record in its folder was
+        # skipped for a finished run of its configuration elsewhere: the record that run wrote is the cell's.
+        ended_with_a_result = job_return.status == JobStatus.COMPLETED and job_return.return_value is not None
+        if ended_with_a_result and not finished(results.read(folder / results.RESULTS_FILE)):
+            elsewhere = finished_elsewhere(config, folder)
+            cell["finished_in"] = str(elsewhere.absolute()) if elsewhere else ""
+        line = json.dumps(cell)
         with open(ledger, "a") as file:  # one short append per job: safe beside concurrent jobs
             file.write(line + "\n")
 
@@ -56,12 +67,33 @@ class SweepSummary(Callback):
             sys.exit(1)
 
 
+def finished(record: results.RunRecord | None) -> bool:
+    return record is not None and record.status == "finished"
+
+
+def finished_elsewhere(config: DictConfig, folder: Path) -> Path | None:
+    """The record of a finished run of the job's configuration in another folder under the output folder, or
+    committed: where ``lra.train`` found it when it skipped the job (its configuration hashed as ``lra.train`` does)."""
+    from .campaign import checked_and_hashed
+    from .train import committed_run
+    from .train import finished_elsewhere as finished_under_outputs
+
+    try:
+        checked, digest = checked_and_hashed(config)
+    except ValueError:  # refused: the job recorded why in its folder
+        return None
+    return finished_under_outputs(checked, digest, folder) or committed_run(checked, digest)
+
+
 def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
-    """The summary's lines and how many cells did not finish."""
+    """The summary's lines and how many cells did not finish. A cell is its run folder and, where it was skipped for
+    a finished run of its configuration elsewhere, that run's record (``finished_in``)."""
     rows = []
     for cell in cells:
         folder = Path(cell["folder"])
-        record = results.read(folder / results.RESULTS_FILE) or results.RunRecord()
+        own = results.read(folder / results.RESULTS_FILE)
+        elsewhere = None if finished(own) or not cell.get("finished_in") else Path(cell["finished_in"])
+        record = (results.read(elsewhere) if elsewhere else own) or results.RunRecord()
         status = record.status or "no results.json"
         task, row, seed = ("?" if value is None else value for value in (record.task, record.row, record.seed))
         name = f"{task} / {row} / seed {seed}"
@@ -69,6 +101,7 @@ def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
         name += f" / pretrain {objective}" if objective != "none" else ""
         if status == "finished":
             detail = f"test acc {record.test_acc:.4f}"
+            detail += f", skipped: its configuration finished in {elsewhere}" if elsewhere else ""
         elif status == "running" and (holder := run_lock.holder(folder)):
             detail = f"in use by another run ({holder})"  # this sweep's job stopped at once (lra/run_lock.py)
         else:

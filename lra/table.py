@@ -57,9 +57,12 @@ Rules (each in one place below):
   Spearman's rho with ties at their average rank, from 3 rows up; the ListOps split at
   ``LISTOPS_SPLIT`` (28%): a row is on the paper's side when its mean is on the same side of 28% as
   the paper's number.
-* Failed runs of a configuration and seed with no finished run are not cells: they are listed once,
-  at the end. So are, in a published table (``--paper`` alone), runs of a row that is in no published
-  table (``lra/paper.py``); a row of the other table only is left out without a word: it is that table's.
+* Runs of a configuration and seed with no finished run are not cells: they are listed once, at the
+  end, each with its command line's overrides and why: failed, diverged, refused for a bad value
+  before its configuration was resolved (its record has none), running, or abandoned (recorded as
+  running, but no live process holds its folder: killed before it could record it). So are, in a
+  published table (``--paper`` alone), runs of a row that is in no published table
+  (``lra/paper.py``); a row of the other table only is left out without a word: it is that table's.
 
 Writing twice from the same records gives the same files.
 """
@@ -81,9 +84,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import run_lock
 from .data.tasks import TASKS as TASK_SPECS
 from .paper import TABLE3, TABLES, PaperTable, Row
-from .results import CONFIGURATION_KEYS, FLOAT32, RESULTS_FILE, RunRecord
+from .results import CONFIGURATION_KEYS, FLOAT32, RESULTS_FILE, RunRecord, config_hash_problem
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
@@ -95,12 +99,22 @@ MIN_RANKED_ROWS = 3  # Spearman's rho only from this many rows up (two rows alwa
 ROW_KEYS = ("attention", "attention_hparams.")
 NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
 BEST_MARGIN = 2.0  # "best" only beyond this many standard errors of the difference to the next row
+#: A training rate is marked as measured under load where other work kept more threads than this per CPU running or
+#: waiting to run (the load average beyond the run's own threads) at the start or end of its timed steps: half of the
+#: machine's CPUs taken, so that the run's threads waited for a CPU (issue 57: one cell trained at 0.67 steps/s beside
+#: a test suite and at 13 alone).
+LOADED = 0.5
 # A run record's identity, and what makes two of them one cell (with the seed) or one section.
 SAME_RUN = ["setting", "data_source", "seed"]
 
 
 def find_records(folders: Iterable[Path]) -> list[RunRecord]:
     """Every run record under ``folders`` (``results.json`` files and ``*.json`` run records)."""
+    return [record for _, record in find_record_files(folders)]
+
+
+def find_record_files(folders: Iterable[Path]) -> list[tuple[Path, RunRecord]]:
+    """Every run record under ``folders``, with the file it was read from."""
     records = []
     for folder in folders:
         folder = Path(folder)
@@ -109,21 +123,51 @@ def find_records(folders: Iterable[Path]) -> list[RunRecord]:
         for path in sorted(folder.rglob(RESULTS_FILE)) + sorted(folder.glob("*.json")):
             try:
                 values = json.loads(path.read_text())
-                # Not a run's record: another JSON file, or the record of a run that failed before it had a configuration.
-                if not isinstance(values, dict) or "config_hash" not in values or "task" not in values:
+                # Not a run's record: another JSON file (a run's record, even of a run refused before its configuration
+                # was resolved, has its task and status).
+                if not isinstance(values, dict) or "task" not in values or "status" not in values:
                     continue
                 record = RunRecord.from_dict(values)
             except (OSError, ValueError) as error:
                 raise SystemExit(f"error: {path} is not a readable run record ({error})") from None
             # A pretraining run (lra.train's stage "pretraining") is part of its fine-tuning runs, not a cell.
             if record.stage is None:
-                records.append(record)
+                records.append((path, with_live_status(path, record)))
     return records
+
+
+def with_live_status(path: Path, record: RunRecord) -> RunRecord:
+    """``record`` (read from ``path``) as it stands: a run recorded as running whose folder no live process holds
+    (:mod:`lra.run_lock`) was killed (SIGKILL, out of memory, a lost machine) before it could record it; it is
+    ``abandoned``, not running. A live one's error names its process."""
+    if record.status != "running" or path.name != RESULTS_FILE:
+        return record
+    if holder := run_lock.holder(path.parent):
+        record.error = f"in progress ({holder})"
+    else:
+        record.status = "abandoned"
+        record.error = (
+            "its process ended without recording how (killed: SIGKILL, out of memory, a lost machine); the same "
+            "command resumes it from its last.ckpt"
+        )
+    return record
 
 
 def run_file_name(record: RunRecord) -> str:
     row = record.row.replace(" ", "_").replace("/", "-").replace("=", "-")
     return f"{record.task}__{row}__{record.protocol['name']}__seed{record.seed}__{record.config_hash[:8]}.json"
+
+
+def check_hashes(found: list[tuple[Path, RunRecord]]) -> None:
+    """Refuse to collect a finished run whose stored ``config_hash`` is not the hash recomputed from the configuration
+    it holds (:func:`lra.results.config_hash_problem`): committed, it would make every checkout skip the configuration
+    it claims. Nothing is collected then."""
+    for path, record in found:
+        if record.status == "finished" and (problem := config_hash_problem(record)):
+            raise SystemExit(
+                f"error: {path}: {problem}. Committed, it would stand for a configuration it did not run: move it out "
+                "of the folders --collect reads, or run its configuration again (rerun=true); nothing was collected"
+            )
 
 
 def collect(records: list[RunRecord], runs_dir: Path) -> int:
@@ -179,26 +223,30 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
     for record in records:
         config = record.configuration()
         finished = record.status == "finished"
+        overrides = " ".join(record.overrides or [])
         rows.append(
             {
                 "task": record.task,
-                "row": record.row,
+                "row": record.row or NOT_RECORDED,
                 "seed": record.seed,
                 "protocol": (record.protocol or {}).get("name", NOT_RECORDED),
                 "status": record.status or "unknown",
                 "error": record.error or "",
                 "finished_at": record.finished_at or "",
                 "config_hash": record.config_hash,
-                "setting": json.dumps(settings(config), sort_keys=True),
+                "overrides": overrides,
+                # A run refused before its configuration was resolved has none: its command line tells it apart.
+                "setting": json.dumps(settings(config), sort_keys=True) if record.config_hash else f"refused: {overrides}",
                 # A finished run also says which data it used (source=auto resolves to one of two).
                 "data_source": (record.data_source or NOT_RECORDED) if finished else None,
                 "accuracy": 100 * record.test_acc if finished else math.nan,
                 "num_test": (record.num_samples or {}).get("test") if finished else None,
                 "steps_per_s": record.steps_per_second if finished else None,
                 "peak_memory_mb": record.peak_memory_mb if finished else None,
+                "others_load_per_cpu": others_load_per_cpu(record.machine_load) if finished else None,
                 "device": (record.device or NOT_RECORDED) if finished else None,
                 "adjusted": record.adjusted or {},
-                "model": config["model"],
+                "model": config.get("model"),  # none in the record of a run refused before its configuration
                 "protocol_fields": record.protocol,
             }
         )
@@ -208,10 +256,10 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
     # A count, whole even beside runs that have none (those are NA, not a float column of 256.0s).
     runs["num_test"] = pd.to_numeric(runs["num_test"], errors="coerce").astype("Int64")
     runs["num_test"] = runs["num_test"].where(runs["num_test"] > 0)
-    for column in ("steps_per_s", "peak_memory_mb"):
+    for column in ("steps_per_s", "peak_memory_mb", "others_load_per_cpu"):
         runs[column] = pd.to_numeric(runs[column], errors="coerce")
     # The same run found twice (outputs/ and results/runs/) is one record.
-    return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)
+    return runs.drop_duplicates(subset=["config_hash", "setting", "seed", "status", "finished_at"]).reset_index(drop=True)
 
 
 def base_row(row: str) -> str:
@@ -346,6 +394,7 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
         std=("accuracy", "std"),
         steps_per_s=("steps_per_s", "mean"),
         peak_memory_mb=("peak_memory_mb", "mean"),
+        others_load_per_cpu=("others_load_per_cpu", "max"),
         devices=("device", lambda devices: " + ".join(sorted(set(devices)))),
     )
     p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
@@ -469,11 +518,25 @@ ALL_ROWS = "all"  # every row with finished runs: the paper's in its order, then
 COMPARISON = "comparison"  # the files of a table of ALL_ROWS (or of rows asked for)
 
 
+def evidence_first(section: Section) -> tuple:
+    """The order of the sections, strongest evidence first: the paper's protocol as run (then as declared), then the
+    section with the most rows, then the most runs; ties by protocol name and the values of the settings."""
+    runs = int(section.cells["num_seeds"].sum())
+    return (
+        not section.paper_protocol,
+        section.protocol != "paper",
+        -len(section.rows),
+        -runs,
+        section.protocol,
+        natural_order(section.title),
+    )
+
+
 @dataclass
 class Table:
     published: PaperTable
     sections: list[Section]
-    left_out: pd.DataFrame  # runs that are not cells: task, row, seed, protocol, config_hash, why
+    left_out: pd.DataFrame  # runs that are not cells: LEFT_OUT_COLUMNS
     rows: str | tuple[str, ...] = PAPER_ROWS  # PAPER_ROWS, ALL_ROWS, or the rows asked for, in their order
     speed: bool = False  # the Markdown and LaTeX show each cell's training steps/s and peak memory
 
@@ -481,6 +544,9 @@ class Table:
     def comparison(self) -> bool:
         """Whether rows the paper does not have are rows here (every table but the paper's own)."""
         return self.rows != PAPER_ROWS
+
+
+LEFT_OUT_COLUMNS = ["task", "row", "seed", "protocol", "config_hash", "overrides", "why"]
 
 
 def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
@@ -498,7 +564,7 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTab
             for accuracy, row in zip(unknown["accuracy"], unknown["row"])
         ]
     )
-    left_out = pd.concat([failed, unknown])[["task", "row", "seed", "protocol", "config_hash", "why"]]
+    left_out = pd.concat([failed, unknown])[LEFT_OUT_COLUMNS]
     left_out["why"] = left_out["why"].map(lambda why: why.splitlines()[0][:200])
     return left_out.sort_values(["task", "row", "seed", "protocol", "config_hash"]).reset_index(drop=True)
 
@@ -509,7 +575,7 @@ def build(
     """The table of ``records`` beside the paper's table ``published``: its sections of cells, and the runs that are
     not cells. ``rows``: PAPER_ROWS (the published table: its rows only, in its order), ALL_ROWS (every row with
     finished runs: the paper's in its order, then the others by name) or the rows to show, in their order."""
-    table = Table(published, [], pd.DataFrame(columns=["task", "row", "seed", "protocol", "config_hash", "why"]), rows, speed)
+    table = Table(published, [], pd.DataFrame(columns=LEFT_OUT_COLUMNS), rows, speed)
     runs = frame(records)
     if runs.empty:
         return table
@@ -548,8 +614,7 @@ def build(
         )
         for title, runs_of in cell_runs.groupby("section")
     ]
-    # The paper's protocol first, then the others by name, each protocol's sections by the values of their settings.
-    sections.sort(key=lambda s: (s.protocol != "paper", s.protocol, natural_order(s.title)))
+    sections.sort(key=evidence_first)
     table.sections = sections
     return table
 
@@ -565,10 +630,11 @@ class Style:
     rho: str
     full_protocol: str  # marks the paper's column where its protocol is not the section's
     geq: str
+    loaded: str  # marks a training rate measured under load (LOADED)
 
 
-MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡", "≥")
-LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$", "$\\geq$")
+MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡", "≥", "§")
+LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$", "$\\geq$", "\\S")
 RHO_ROW = "Spearman's {rho} with the paper"
 SIDE_ROW = "ListOps: on the paper's side"
 
@@ -613,6 +679,24 @@ def measured(section: Section, row: str, task: str, column: str, digits: int) ->
     return "–" if cell is None or pd.isna(cell[column]) else f"{cell[column]:.{digits}f}"
 
 
+def others_load_per_cpu(load: dict[str, float] | None) -> float | None:
+    """What else ran on the machine while a run's steps were timed (its record's ``machine_load``): the load average
+    beyond the run's own threads, at the busier of the timing's start and end, per CPU; None where not recorded."""
+    if not load:
+        return None
+    return max(0.0, max(load["load_at_start"], load["load_at_end"]) - load["threads"]) / load["cpus"]
+
+
+def under_load(section: Section, row: str, task: str) -> bool:
+    cell = section.cell(row, task)
+    return cell is not None and bool(cell["others_load_per_cpu"] > LOADED)
+
+
+def steps_text(section: Section, row: str, task: str, style: Style) -> str:
+    """A cell's training steps per second, marked where one of its runs was timed under load (:data:`LOADED`)."""
+    return measured(section, row, task, "steps_per_s", 2) + (style.loaded if under_load(section, row, task) else "")
+
+
 def section_frame(section: Section, style: Style, speed: bool = False) -> pd.DataFrame:
     """The section as text: a row per table row, then the agreement rows; per task, our cell beside the paper's and,
     with ``speed``, the cells' training steps per second and peak memory."""
@@ -625,7 +709,7 @@ def section_frame(section: Section, style: Style, speed: bool = False) -> pd.Dat
         ]
         columns[label, paper_column] = [number(section.published.number(row, task)) for row in section.rows] + ["", ""]
         if speed and section.has_cells(task):
-            columns[label, "steps/s"] = [measured(section, row, task, "steps_per_s", 2) for row in section.rows] + ["", ""]
+            columns[label, "steps/s"] = [steps_text(section, row, task, style) for row in section.rows] + ["", ""]
             columns[label, "MB"] = [measured(section, row, task, "peak_memory_mb", 0) for row in section.rows] + ["", ""]
     averages = [section.average(row) for row in section.rows]
     if any(average is not None for average in averages):
@@ -671,7 +755,10 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
         devices = sorted(set(" + ".join(section.cells["devices"]).split(" + ")))
         lines.append(
             "steps/s: training steps per second (evaluations excluded), MB: peak memory, each the mean of the cell's "
-            f"runs, on {'; '.join(devices)}: compare them only between runs of one machine."
+            f"runs, on {'; '.join(devices)}: compare them only between runs of one machine. {MARKDOWN.loaded}: timed "
+            f"under load, other work keeping more than {LOADED:g} threads per CPU running beside a run of the cell (the "
+            "load average beyond the run's own threads, where its timing started or ended): slower than alone. A run "
+            "recorded without the machine's load is not marked."
         )
     return lines
 
@@ -733,11 +820,15 @@ def markdown_table(text: pd.DataFrame, num_rows: int) -> list[str]:
 
 
 def left_out_lines(left_out: pd.DataFrame, published: PaperTable) -> list[str]:
-    return [
-        f"- {run.task} / {row_label(run.row, published)} / seed {run.seed}, protocol {run.protocol}, "
-        f"config {run.config_hash[:8]}: {run.why}"
-        for run in left_out.itertuples()
-    ]
+    """A line per run that is not a cell: what it is (its configuration, or that it had none yet), its command line's
+    overrides where recorded, and why it is not a cell."""
+    lines = []
+    for run in left_out.itertuples():
+        resolved = pd.notna(run.config_hash)
+        what = f"protocol {run.protocol}, config {run.config_hash[:8]}" if resolved else "no configuration resolved"
+        overrides = f", overrides: {run.overrides}" if run.overrides else ""
+        lines.append(f"- {run.task} / {row_label(run.row, published)} / seed {run.seed}, {what}{overrides}: {run.why}")
+    return lines
 
 
 def heading(table: Table, title: str | None) -> str:
@@ -754,7 +845,7 @@ def markdown(table: Table, source: str, title: str | None = None) -> str:
         if section.duplicates:
             lines += ["", "Counted once:", "", *(f"- {text}" for text in section.duplicates)]
     if not table.left_out.empty:
-        lines += ["", "## Not in the table", "", "Failed runs (no finished run of the configuration and seed)"]
+        lines += ["", "## Not in the table", "", "Runs without a result (no finished run of the configuration and seed)"]
         if not table.comparison:
             lines[-1] += f" and runs of rows the paper's {table.published.title} does not have"
         lines[-1] += ":"
@@ -828,7 +919,9 @@ def latex(table: Table) -> str:
 
 
 def figure(table: Table, path: Path) -> None:
-    """Per section and task with cells: our mean with its standard error beside the paper's number, row by row."""
+    """The first section (the strongest evidence, :func:`evidence_first`), per task with cells: our mean with its
+    standard error beside the paper's number, row by row; the other sections are in the Markdown table beside it, so
+    that the picture stays readable at a page's width whatever else was run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -836,14 +929,17 @@ def figure(table: Table, path: Path) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    panels = [[task for task in section.tasks if section.has_cells(task)] for section in table.sections]
+    shown = table.sections[:1]
+    panels = [[task for task in section.tasks if section.has_cells(task)] for section in shown]
     width = max(map(len, panels), default=1)
-    heights = [0.45 * len(section.rows) + 1.6 for section in table.sections] or [1.0]
+    heights = [0.45 * len(section.rows) + 1.6 for section in shown] or [1.0]
     fig = plt.figure(figsize=(4.5 * width + 1, sum(heights) + 0.5), layout="constrained")
     subfigures = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False).flat
-    for subfig, section, tasks in zip(subfigures, table.sections, panels):
+    for subfig, section, tasks in zip(subfigures, shown, panels):
         protocol = "" if section.paper_protocol else " (paper: its full protocol)"
-        subfig.suptitle(textwrap.fill(section.title + protocol, 50 * width + 10), fontsize=9, fontweight="bold")
+        more = len(table.sections) - len(shown)
+        others = f"; {more} more section{'s' * (more > 1)} in {path.with_suffix('.md').name}" if more else ""
+        subfig.suptitle(textwrap.fill(section.title + protocol + others, 50 * width + 10), fontsize=9, fontweight="bold")
         y = np.arange(len(section.rows))
         for ax, task in zip(subfig.subplots(1, width, squeeze=False)[0], [*tasks, *[None] * width]):
             if task is None:
@@ -864,7 +960,7 @@ def figure(table: Table, path: Path) -> None:
                 ax.axvline(LISTOPS_SPLIT, color="black", linestyle=":", linewidth=1)
             rho, side = agreement_text(section, task, MARKDOWN)
             side = f", {side} on the paper's side" if side else ""
-            ax.set_title(f"{TASK_LABELS.get(task, task)}: ρ {rho}{side}", fontsize=9)
+            ax.set_title(textwrap.fill(f"{TASK_LABELS.get(task, task)}: ρ {rho}{side}", 48), fontsize=9)
             ax.set_yticks(y, [row_label(r, section.published) for r in section.rows], fontsize=8)
             ax.set_ylim(len(section.rows) - 0.5, -0.5)
             ax.set_xlabel("test accuracy (%)", fontsize=8)
@@ -1014,7 +1110,9 @@ def main(argv: list[str] | None = None) -> None:
     published = TABLES[args.paper or TABLE3.name]
     only = {"name": args.name, "protocols": args.protocol, "published": published, "rows": rows, "speed": args.speed}
     if args.collect:
-        new = collect(find_records(args.runs), runs_dir)
+        found = find_record_files(args.runs)
+        check_hashes(found)
+        new = collect([record for _, record in found], runs_dir)
         print(f"{new} new run records in {runs_dir}")
     if args.collect or args.committed:
         paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`", **only)

@@ -175,6 +175,19 @@ def renamed_model_overrides(overrides: list[str]) -> str | None:
     return None
 
 
+def finished_record(path: Path, config_hash: str) -> RunRecord | None:
+    """The record in ``path`` if it is a finished run of the configuration hashed ``config_hash``: its stored hash says
+    so and the hash recomputed from the configuration it holds agrees (:func:`lra.results.config_hash_problem`). One
+    whose stored hash alone claims this configuration is named and never stands for it."""
+    record = results.read(path)
+    if record is None or record.status != "finished" or record.config_hash != config_hash:
+        return None
+    if problem := results.config_hash_problem(record):
+        log.warning("Not skipping for %s: %s. It is not this configuration's run; move it away or delete it", path, problem)
+        return None
+    return record
+
+
 def finished_elsewhere(cfg: DictConfig, config_hash: str, output_dir: Path) -> Path | None:
     """The ``results.json`` of a finished run of this configuration in another folder under the output folder: one
     the same settings, written differently (``seed=0`` spelled out, another sweep's overrides), named otherwise. The
@@ -187,8 +200,7 @@ def finished_elsewhere(cfg: DictConfig, config_hash: str, output_dir: Path) -> P
                 continue
         except OSError:  # a folder removed while the output folder is walked
             continue
-        record = results.read(path)
-        if record and record.config_hash == config_hash and record.status == "finished":
+        if finished_record(path, config_hash) is not None:
             return path
     return None
 
@@ -201,8 +213,7 @@ def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
     if not cfg.paths.get("runs_dir") or not runs_dir.is_dir():
         return None
     for path in sorted(runs_dir.glob(f"{cfg.task.name}__*.json")):
-        record = results.read(path)
-        if record and record.config_hash == config_hash and record.status == "finished":
+        if finished_record(path, config_hash) is not None:
             return path
     return None
 
@@ -281,8 +292,8 @@ def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path, earlier: 
     """The finished run of ``record``'s configuration this run is skipped for, in ``output_dir``, in another folder
     under the output folder, or committed; or None to train (with ``rerun=true``, after moving a finished run in
     ``output_dir`` to ``history/``, through ``earlier``)."""
-    previous = results.read(output_dir / results.RESULTS_FILE)
-    if previous is not None and previous.config_hash == record.config_hash and previous.status == "finished":
+    previous = finished_record(output_dir / results.RESULTS_FILE, record.config_hash)
+    if previous is not None:
         if cfg.rerun:
             log.info("Rerunning: the earlier run's files moved to %s", earlier.move_to_history(previous))
             return None
@@ -329,6 +340,8 @@ def new_record(cfg: DictConfig, row: str | None, stage: str) -> RunRecord:
         task=cfg.task.name,
         attention=cfg.attention.name,
         row=row or cfg.attention.name,
+        # The command line's, where Hydra ran the run (not in a direct call of train()).
+        overrides=list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None,
         seed=cfg.seed,
         git_commit=results.git_commit(),
         torch_version=torch.__version__,
@@ -340,9 +353,12 @@ def new_record(cfg: DictConfig, row: str | None, stage: str) -> RunRecord:
 
 
 def record_configuration(record: RunRecord, cfg: DictConfig, stage: str) -> None:
-    """Record the checked configuration of ``cfg``'s run: its protocol, model, data and the hash that identifies it."""
+    """Record the checked configuration of ``cfg``'s run: its attention's hyperparameters, protocol, model, data and
+    the hash that identifies it."""
     defining = defining_config(cfg, stage)
+    hparams = OmegaConf.to_container(cfg.attention.hparams, resolve=True)
     record.update(
+        attention_hparams=dataclasses.asdict(attention_zoo.make_config(cfg.attention.name, **hparams)),
         protocol=defining["task"]["protocol"],
         model=defining["model"],
         pretrain=defining["pretrain"],
@@ -363,17 +379,11 @@ def processes(trainer_cfg: DictConfig) -> int:
 
 
 def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path | None, int]:
-    """What a run that trains checks and records first: its attention's hyperparameters, the checkpoint an earlier
-    interrupted run of its configuration left to resume from, and its process count; returns the last two."""
-    record.attention_hparams = dataclasses.asdict(
-        attention_zoo.make_config(cfg.attention.name, **OmegaConf.to_container(cfg.attention.hparams, resolve=True))
-    )
-    previous = results.read(output_dir / results.RESULTS_FILE)
-    last = last_checkpoint(cfg)
-    resume_from = None
-    if previous is not None and previous.config_hash == record.config_hash and last.is_file():
-        check_belongs(last, record)
-        resume_from = record.resumed_from = str(last)
+    """What a run that trains checks and records first: the checkpoint an earlier interrupted run of its configuration
+    left to resume from, and its process count."""
+    resume_from = resumable(last_checkpoint(cfg), output_dir / results.RESULTS_FILE, record)
+    if resume_from is not None:
+        record.resumed_from = str(resume_from)
         log.info("Resuming the interrupted run from %s", resume_from)
     world_size = processes(cfg.trainer)
     if cfg.task.protocol.batch_size % world_size:
@@ -381,31 +391,32 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
             f"batch_size={cfg.task.protocol.batch_size} does not divide over {world_size} processes; "
             "the protocol's batch is the total over all devices"
         )
-    return (Path(resume_from) if resume_from else None), world_size
+    return resume_from, world_size
 
 
-def check_belongs(checkpoint: Path, record: RunRecord) -> None:
-    """Refuse to resume from a checkpoint that another configuration's run wrote (one copied or moved in from
-    elsewhere): its weights, optimizer and schedule would be trained on and recorded as this configuration's."""
-    from .callbacks import checkpoint_identity
-    from .module import read_checkpoint
+def resumable(last: Path, record_path: Path, record: RunRecord) -> Path | None:
+    """``last`` where the run of ``record`` resumes from it: the folder's record is of this configuration, or is
+    missing or damaged and ``last`` carries this run's identity. A damaged ``last.ckpt``, one of another run, or one
+    beside a damaged record that cannot tell is refused with one message naming it and the fix, never trained over
+    from step 0 in silence; a folder whose record is of another configuration (its overrides meant another before a
+    default changed) starts afresh."""
+    from .callbacks import checkpoint_identity, read_own_checkpoint  # Lightning: only for a run that trains
 
-    try:
-        contents = read_checkpoint(checkpoint)
-    except ValueError:  # one that holds more than tensors and plain data: read_checkpoint's own message
-        raise
-    except Exception as error:  # a write cut short, a disk that filled up
-        raise ValueError(
-            f"{checkpoint} cannot be read ({type(error).__name__}: {str(error)[:120]}): it is damaged, perhaps by a write "
-            "cut short; delete it to train this configuration from the start"
-        ) from None
-    identity = checkpoint_identity(contents)
-    if identity is not None and identity.get("config_hash") != record.config_hash:
-        raise ValueError(
-            f"{checkpoint} is a checkpoint of another configuration (config {identity.get('config_hash')}, seed "
-            f"{identity.get('seed')}), not of this run's ({record.config_hash}, seed {record.seed}): move it away or "
-            "delete it to train this configuration from the start"
-        )
+    previous = results.read(record_path)
+    if not last.is_file() or (previous is not None and previous.config_hash != record.config_hash):
+        return None  # nothing to resume, or another configuration's run in this folder: it starts afresh
+    fix = "move it away or delete it to train this configuration from the start"
+    contents = read_own_checkpoint(last, record.config_hash, record.seed, fix)
+    if previous is None and checkpoint_identity(contents) is None:  # written before run identities: it cannot tell
+        if record_path.is_file():
+            raise ValueError(
+                f"{record_path} cannot be read (it is damaged), so nothing tells whether {last} is this configuration's "
+                f"to resume; {fix}"
+            )
+        return None
+    if previous is None and record_path.is_file():
+        log.warning("%s cannot be read (it is damaged); %s is this run's (its identity says so): resuming", record_path, last)
+    return last
 
 
 @contextmanager
@@ -460,7 +471,12 @@ def recorded(
     finally:
         record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
         if record.status != "running" and not earlier.put_back:
-            write()
+            try:
+                write()
+            except OSError as error:  # a full disk can refuse the record of a failure too: the console says so
+                if record.status == "finished":
+                    raise
+                log.error("%s could not be written either: %s", results_path, error)
 
 
 @contextmanager

@@ -65,6 +65,25 @@ def test_the_rate_counts_training_batches_and_the_loading_between_them_but_no_ev
     assert waits == [100.0, 103.0, 105.0, 155.5, 157.0]
 
 
+def test_the_machines_load_is_sampled_where_the_timing_starts_and_where_it_ends(monkeypatch):
+    """A rate timed beside another job (0.67 steps/s) stood beside one timed alone (13) with nothing recorded about
+    the machine: the load average is read where the first window starts and where the last one ends, not between."""
+    loads = iter([1.5, 2.0, 3.5, 4.25])
+    monkeypatch.setattr(callbacks.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(callbacks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(callbacks.torch, "get_num_threads", lambda: 2)
+    speed, module, trainer = callbacks.TrainingSpeed(), Module(), Trainer()
+    assert callbacks.timed_machine_load([speed]) is None  # nothing timed yet
+    for row_due in (False, True, False, False):  # a window ends at the metrics row, the next at the evaluation
+        speed.on_train_batch_start(trainer, module, None, 0)
+        trainer.row_due = row_due
+        speed.on_train_batch_end(trainer, module, None, None, 0)
+    speed.on_validation_start(trainer, module)
+    speed.on_train_batch_start(trainer, module, None, 0)  # a new window: the start is still the first one's
+    speed.on_train_end(trainer, module)
+    assert callbacks.timed_machine_load([object(), speed]) == {"cpus": 2, "threads": 2, "load_at_start": 1.5, "load_at_end": 4.25}
+
+
 class Regression(pl.LightningModule):
     def __init__(self):
         super().__init__()

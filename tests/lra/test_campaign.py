@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -241,16 +242,22 @@ def test_measure_writes_cells_per_hour_against_k(tmp_path, environment):
     assert (out / "cells_per_hour_cpu.png").stat().st_size > 0 and "start --parallel auto would run" in measured.stdout
 
 
+def holding(folder: Path, lock_file: str = run_lock.LOCK_FILE) -> subprocess.Popen:
+    """Another process that holds ``folder``'s lock (``lock_file``) for two minutes, once it has taken it."""
+    hold = "\n".join(
+        ["import sys, time", "from lra import run_lock", "with run_lock.held(sys.argv[1], sys.argv[2]):"]
+        + ["    print('held', flush=True)", "    time.sleep(120)"]
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder), lock_file], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_stop_interrupts_the_campaign_process_that_holds_the_folder(tmp_path, capsys):
     folder = tmp_path / "campaign"
     assert campaign.main(["stop", "--dir", str(folder)]) == 0 and "No campaign is running" in capsys.readouterr().out
-    hold = "\n".join(
-        ["import sys, time", "from lra import run_lock", "with run_lock.held(sys.argv[1]):", "    print('held', flush=True)"]
-        + ["    time.sleep(120)"]
-    )
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], stdout=subprocess.PIPE, text=True)
+    holder = holding(folder)
     try:
-        assert holder.stdout.readline().strip() == "held"
         assert campaign.main(["stop", "--dir", str(folder)]) == 0
         assert holder.wait(timeout=30) == -signal.SIGTERM and f"pid {holder.pid}" in capsys.readouterr().out
     finally:
@@ -462,3 +469,63 @@ def test_a_diverged_cell_is_not_trained_again_and_its_verdict_goes_to_the_next_j
     assert "diverged" in said and RunRecord.read(elsewhere / "results.json").status == "diverged"
     plan_there = {**plan, "cells": [{**cell.__dict__, "folder": str(elsewhere)}], "output_dir": str(tmp_path / "next")}
     assert [s.status for s in campaign.cell_states(campaign_dir, plan_there)] == ["diverged"]
+
+
+@pytest.mark.parametrize("taken_by", ["a campaign that started while this one planned", "another start"])
+def test_a_start_in_a_folder_taken_while_it_planned_refuses_at_once_naming_the_holder(taken_by, tmp_path, capsys, monkeypatch):
+    """Two starts at once in one folder both said "Started in the background" and exited 0: the second's plan replaced
+    the first's, and its process found the folder held and ended, saying so only in the shared log. Here the other
+    start (its lock held) or the campaign it launched (the folder's lock held) takes the folder while this one plans."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    folder = tmp_path / "campaign"
+    folder.mkdir()
+    (folder / campaign.PLAN_FILE).write_text('{"planned_by": "the other start"}\n')
+    lock_file = run_lock.LOCK_FILE if taken_by.startswith("a campaign") else campaign.START_LOCK_FILE
+    others = []
+    planned = campaign.make_plan
+
+    def plan_while_the_other_takes_the_folder(overrides):
+        plan = planned(overrides)
+        others.append(holding(folder, lock_file))
+        return plan
+
+    monkeypatch.setattr(campaign, "make_plan", plan_while_the_other_takes_the_folder)
+    try:
+        assert campaign.main(["start", "--dir", str(folder), "attention=none", *TINY]) == 1
+    finally:
+        for other in others:
+            other.kill()
+    said = capsys.readouterr()
+    holder = f"pid {others[0].pid} on {socket.gethostname()} since "
+    what = "a campaign is already running" if lock_file == run_lock.LOCK_FILE else "another python -m lra.campaign start is"
+    assert said.err.startswith(f"error: {what}") and holder in said.err and len(said.err.splitlines()) == 1, said.err
+    assert f"python -m lra.campaign status --dir {folder}" in said.err and "another folder (--dir)" in said.err
+    assert "Started" not in said.out and not (folder / campaign.LOG_FILE).exists(), "no campaign process was launched"
+    assert json.loads((folder / campaign.PLAN_FILE).read_text()) == {"planned_by": "the other start"}
+
+
+@pytest.mark.slow
+def test_two_starts_at_once_in_one_folder_are_one_campaign_and_one_refusal(tmp_path, environment):
+    """As a user met it: two `lra.campaign start` in one folder at once both said "Started in the background" and
+    exited 0, and the second never ran."""
+    env = environment(tmp_path)
+    argv = [sys.executable, "-m", "lra.campaign", "start", "--dir", str(tmp_path / "c"), "attention=none", *TINY]
+    starts = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    starts.append(subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [start.communicate(timeout=300) for start in starts]
+    said = [(start.returncode, out, err) for start, (out, err) in zip(starts, outputs)]
+    try:
+        assert sorted(status for status, _, _ in said) == [0, 1], said
+        (started,) = [out for status, out, _ in said if status == 0]
+        (refused,) = [err for status, _, err in said if status == 1]
+        assert "Started in the background (pid " in started
+        assert re.fullmatch(
+            rf"error: (a campaign is already running|another python -m lra.campaign start is starting a campaign) in "
+            rf"{re.escape(str(tmp_path / 'c'))} \(pid \d+ on .*\): wait for it to end .*, or start this campaign in "
+            r"another folder \(--dir\)\n",
+            refused,
+        ), refused
+    finally:
+        command("lra.campaign", "stop", "--dir", str(tmp_path / "c"), cwd=tmp_path, env=env)
+        command("lra.campaign", "status", "--dir", str(tmp_path / "c"), "--wait", "120", cwd=tmp_path, env=env)

@@ -1,6 +1,7 @@
 """``lra.run_lock``: one process per run folder, decided by a lock that dies with its holder, not by a file."""
 
 import errno
+import fcntl
 import multiprocessing
 import os
 import socket
@@ -47,7 +48,7 @@ def test_a_filesystem_without_locks_is_one_clear_message(tmp_path, monkeypatch):
     def no_locks(descriptor, operation):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
+    monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.raises(run_lock.RunFolderBusy, match=r"cannot be locked .*on a filesystem with flock"):
         with run_lock.held(tmp_path):
             pass

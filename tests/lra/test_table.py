@@ -5,16 +5,20 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import kill_at_step
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 
-from lra import paper, table
-from lra.results import RunRecord
+from lra import paper, run_lock, table
+from lra.results import RunRecord, recomputed_config_hash
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = dict(
@@ -71,6 +75,12 @@ def record(
     return RunRecord.from_dict(result)
 
 
+def hashed(run):
+    """``run`` with the config hash of what it holds, as lra.train writes it (``--collect`` checks it)."""
+    run.config_hash = recomputed_config_hash(run)
+    return run
+
+
 def write_runs(folder, records):
     for i, r in enumerate(records):
         run = folder / f"run{i}"
@@ -113,6 +123,26 @@ def test_runs_with_different_budgets_are_never_averaged_as_seeds():
     assert line.startswith("- listops / softmax / seed 0, protocol smoke, config ")
     assert line.endswith(": failed: RuntimeError: out of memory")
     assert text.index("## Not in the table") > text.index("## smoke, protocol.max_steps=400")
+
+
+def test_sections_come_strongest_evidence_first_and_the_figure_draws_the_first_alone(tmp_path):
+    """The paper's protocol first, then the section with the most rows, then the most runs: the README's first picture
+    (the first section of comparison.png) shows the strongest evidence, readable whatever else was run."""
+    short = {**SMOKE, "max_steps": 20}
+    records = [record("softmax", "listops", seed, 0.3, protocol=short) for seed in range(3)]  # 1 row x 3 seeds
+    records += [record(row, "listops", 0, 0.3) for row in ("softmax", "none", "linformer")]  # 3 rows x 1 seed
+    records += [record(row, "listops", 0, 0.3, protocol={**SMOKE, "max_steps": 10}) for row in ("softmax", "none")]
+    titles = [section.title for section in table.build(records).sections]
+    assert titles == ["smoke, protocol.max_steps=400", "smoke, protocol.max_steps=10", "smoke, protocol.max_steps=20"]
+    records += [record("softmax", "listops", seed, 0.3, protocol={**SMOKE, "max_steps": 30}) for seed in range(4)]
+    assert [s.title for s in table.build(records).sections][2:4] == ["smoke, protocol.max_steps=30", titles[2]]
+    paper = table.build([*records, paper_record("softmax", "listops", 0, 0.36)])  # one run, one row
+    assert paper.sections[0].paper_protocol and paper.sections[1].title == titles[0]
+    built = table.build(records)
+    table.figure(built, tmp_path / "every.png")
+    table.figure(dataclasses.replace(built, sections=built.sections[:1]), tmp_path / "first.png")
+    sizes = [plt.imread(tmp_path / name).shape for name in ("every.png", "first.png")]
+    assert sizes[0] == sizes[1], "the other sections add nothing to the picture"
 
 
 def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
@@ -369,7 +399,7 @@ def test_lra_table_paper_lra_table1_writes_its_own_files(tmp_path):
 
 def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_records(tmp_path):
     outputs, results = tmp_path / "outputs", tmp_path / "results"
-    write_runs(outputs, [record("softmax", "listops", s, 0.3 + s / 100) for s in range(3)])
+    write_runs(outputs, [hashed(record("softmax", "listops", s, 0.3 + s / 100)) for s in range(3)])
     committed = record("yoso_32", "pathfinder", 0, 0.7, hparams={})
     (results / "runs").mkdir(parents=True)
     (results / "runs" / "committed.json").write_text(json.dumps(committed.to_dict()))
@@ -467,10 +497,10 @@ def test_pretraining_runs_are_not_cells(tmp_path):
     assert [r.test_acc for r in table.find_records([tmp_path])] == [0.3]
 
 
-def test_json_that_is_not_a_runs_record_is_no_cell_and_only_finished_runs_are_collected(tmp_path):
-    """A folder of records may hold other JSON (a list, a sweep's summary) and the record of a run that failed before
-    it had a configuration: neither is a run. --collect copies finished runs only; a failed one never becomes a
-    committed cell."""
+def test_json_that_is_not_a_runs_record_is_no_run_and_only_finished_runs_are_collected(tmp_path):
+    """A folder of records may hold other JSON (a list, a sweep's summary): not a run. The record of a run that failed
+    before it had a configuration is one, failed (the table lists it, never as a cell). --collect copies finished runs
+    only; a failed one never becomes a committed cell."""
     write_runs(tmp_path, [record("softmax", "listops", 0, 0.3), record("softmax", "listops", 1, 0.0, status="failed")])
     (tmp_path / "summary.json").write_text(json.dumps({"cells": 2}))
     (tmp_path / "list.json").write_text(json.dumps([1, 2]))
@@ -478,7 +508,11 @@ def test_json_that_is_not_a_runs_record_is_no_cell_and_only_finished_runs_are_co
     early.mkdir()
     (early / "results.json").write_text(json.dumps({"task": "listops", "status": "failed", "error": "bad override"}))
     records = table.find_records([tmp_path])
-    assert sorted((r.seed, r.status) for r in records) == [(0, "finished"), (1, "failed")]
+    assert sorted((r.seed, r.status, r.config_hash is None) for r in records if r.seed is not None) == [
+        (0, "finished", False),
+        (1, "failed", False),
+    ]
+    assert [(r.status, r.error) for r in records if r.seed is None] == [("failed", "bad override")]
     runs_dir = tmp_path / "runs"
     assert table.collect(records, runs_dir) == 1
     assert [json.loads(p.read_text())["seed"] for p in runs_dir.iterdir()] == [0]
@@ -577,6 +611,24 @@ def test_speed_and_memory_columns_from_the_records():
     assert "steps/s" not in table.markdown(table.build(records, rows=table.ALL_ROWS), "test records"), "optional"
 
 
+def test_speed_marks_a_rate_timed_under_load():
+    """--speed put a run trained beside another job (0.67 steps/s) next to one trained alone (13 steps/s) with nothing
+    said about the machine's load. A run's own threads are not load: two threads on two CPUs, alone, are unmarked."""
+    alone = {"cpus": 2, "threads": 2, "load_at_start": 1.9, "load_at_end": 2.6}  # 0.3 per CPU beyond its own threads
+    beside = {"cpus": 2, "threads": 2, "load_at_start": 2.1, "load_at_end": 4.4}  # 1.2 per CPU: another job's threads
+    records = [
+        record("softmax", "listops", 0, 0.3, steps_per_second=13.0, machine_load=alone, device="cpu (2 cores)"),
+        record("none", "listops", 0, 0.17, steps_per_second=0.67, machine_load=beside, device="cpu (2 cores)"),
+        record("yoso_32", "listops", 0, 0.3, steps_per_second=5.0, device="cpu (2 cores)"),  # recorded before the load was
+    ]
+    text = table.markdown(table.build(records, rows=table.ALL_ROWS, speed=True), "test records")
+    assert "| softmax | 30.00 ± 1.45† | 37.10 | 13.00 |" in text and "| none | 17.00 ± 1.19† | 19.20 | 0.67§ |" in text
+    assert "| yoso-32 | 30.00 ± 1.45† | 37.25 | 5.00 |" in text
+    assert f"§: timed under load, other work keeping more than {table.LOADED:g} threads per CPU running" in text
+    tex = table.latex(table.build(records, rows=table.ALL_ROWS, speed=True))
+    assert "0.67\\S" in tex and "13.00\\S" not in tex
+
+
 def test_a_lone_shortened_run_names_its_budget_and_sections_follow_the_numbers():
     """Issue 36: a title names every setting in which its runs depart from the protocol as declared, even where
     nothing else in the section differs; the values as asked, not the shortened run's fitted warmup and interval."""
@@ -614,3 +666,79 @@ def test_the_listops_split_puts_a_mean_of_exactly_28_on_the_learning_side():
     cells = pd.DataFrame({"mean": [28.0, np.nextafter(28.0, 0), 28.0], "paper": [37.1, 37.1, 19.2]}, index=index)
     assert table.LISTOPS_SPLIT == 28.0 and cells["mean"].iloc[0] == 28.0
     assert table.on_papers_side(cells).tolist() == [True, False, False]
+
+
+def refused(override, error):
+    """The record lra.train writes of a run refused for a bad value: its configuration was never resolved."""
+    return RunRecord.from_dict(
+        {
+            "task": "listops",
+            "attention": "softmax",
+            "row": "softmax",
+            "seed": 0,
+            "overrides": ["task.protocol.max_steps=6", override],
+            "status": "failed",
+            "error": error,
+        }
+    )
+
+
+def not_in_the_table(result):
+    return [line for line in table.markdown(result, "test records").split("## Not in the table")[1].splitlines() if line]
+
+
+def test_runs_refused_for_a_bad_value_and_failures_are_listed_with_their_overrides(tmp_path):
+    """The failed runs left out runs refused for a bad value (their record has no configuration: they were skipped as
+    not a run's) and named a failure without its overrides, so two failures of one row looked alike."""
+    write_runs(
+        tmp_path,
+        [
+            refused("task.protocol.batch_size=0", "ValueError: task.protocol.batch_size must be at least 1, got 0"),
+            refused("task.protocol.lr=-1", "ValueError: need warmup_steps >= 0, lr > 0 and weight_decay >= 0"),
+            record("softmax", "listops", 1, None, status="failed", overrides=["seed=1", "trainer.devices=3"]),
+            record("softmax", "listops", 0, 0.3),
+        ],
+    )
+    result = table.build(table.find_records([tmp_path]))
+    assert [cell["row"] for cell in table.cells_frame(result).to_dict("records")] == ["softmax"], "only the finished run"
+    lines = not_in_the_table(result)
+    assert lines[1:] == [
+        "- listops / softmax / seed 0, no configuration resolved, overrides: task.protocol.max_steps=6 "
+        "task.protocol.batch_size=0: failed: ValueError: task.protocol.batch_size must be at least 1, got 0",
+        "- listops / softmax / seed 0, no configuration resolved, overrides: task.protocol.max_steps=6 "
+        "task.protocol.lr=-1: failed: ValueError: need warmup_steps >= 0, lr > 0 and weight_decay >= 0",
+        f"- listops / softmax / seed 1, protocol smoke, config {result.left_out['config_hash'].iloc[2][:8]}, overrides: "
+        "seed=1 trainer.devices=3: failed: RuntimeError: out of memory",
+    ], lines
+
+
+def test_a_killed_run_is_abandoned_beside_a_live_one_that_is_running(tmp_path):
+    """A run killed with SIGKILL leaves its record saying "running": the table listed it as running beside a live
+    one. Its folder's lock, which dies with its process, tells them apart."""
+    write_runs(tmp_path, [record("softmax", "listops", seed, None, status="running") for seed in (0, 1)])
+    (tmp_path / "run1" / run_lock.LOCK_FILE).write_text("pid 1234 on a-host since 2026-01-01T00:00:00+00:00\n")  # its holder died
+    with run_lock.held(tmp_path / "run0"):
+        lines = not_in_the_table(table.build(table.find_records([tmp_path])))
+    assert lines[1].startswith("- listops / softmax / seed 0, protocol smoke, config ")
+    assert f": running: in progress (pid {os.getpid()} on {socket.gethostname()} since " in lines[1], lines
+    assert lines[2].startswith("- listops / softmax / seed 1, protocol smoke, config ")
+    assert ": abandoned: its process ended without recording how (killed: SIGKILL" in lines[2], lines
+
+
+@pytest.mark.slow
+def test_refused_and_killed_runs_of_the_command_line_are_in_the_failed_runs_with_their_overrides(tmp_path, run_train):
+    """As a user meets them: two runs refused for a bad value and one killed with SIGKILL, then python -m lra.table."""
+    for override in ("task.protocol.batch_size=0", "task.protocol.lr=-1"):
+        assert run_train(override, check=False).returncode == 1
+    killed = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment(kill_at_step=3))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    env = {**os.environ, "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
+    process = subprocess.run(
+        [sys.executable, "-m", "lra.table"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert process.returncode == 0, process.stderr
+    failed = (tmp_path / "outputs" / "comparison.md").read_text().split("## Not in the table")[1]
+    assert ", no configuration resolved, overrides: task.seq_len=64 " in failed
+    assert "task.protocol.batch_size=0: failed: ValueError: task.protocol.batch_size must be at least 1, got 0" in failed
+    assert "task.protocol.lr=-1: failed: ValueError: " in failed
+    assert f"{kill_at_step.OVERRIDE}: abandoned: its process ended without recording how" in failed, failed
