@@ -5,14 +5,15 @@ configs) as hyperparameters, so ``LRAClassificationModule.load_from_checkpoint(p
 classifier from a checkpoint alone. :class:`LRAModule` holds what every objective over the LRA
 encoder shares (those settings and the optimisation); a new objective subclasses it.
 
-:func:`compile_model` compiles a module's model with ``torch.compile`` in place (``trainer.compile``),
-so its parameters and checkpoints keep their names.
+:func:`compile_model` compiles a module's training and evaluation steps with ``torch.compile`` in place
+(``trainer.compile``), so its parameters and checkpoints keep their names.
 """
 
 from __future__ import annotations
 
 import math
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ class LRAModule(pl.LightningModule):
         self.skipped_steps = 0
         self._step_loss: torch.Tensor | None = None
 
-    # Set by compile_model when the network replays CUDA graphs: each step then marks its start for them.
+    # Set by compile_model when the steps replay CUDA graphs: each step then marks its start for them.
     marks_cuda_graph_steps = False
 
     def configure_optimizers(self):
@@ -135,22 +136,32 @@ class LRAModule(pl.LightningModule):
         raise NotImplementedError
 
     def network(self) -> nn.Module:
-        """The module whose call is the model's forward pass (what :func:`compile_model` compiles): this one's ``forward``."""
+        """The module whose call is the model's forward pass: this one's ``forward``."""
         return self
+
+    def training_outputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, accuracy)`` of a training batch: the forward pass, the loss and the batch's accuracy, which
+        :func:`compile_model` compiles into one graph (with the backward through AOTAutograd)."""
+        loss, logits, targets = self.loss_and_predictions(batch)
+        return loss, batch_accuracy(logits.detach(), targets, self.accuracy_ignore_index)
+
+    def evaluation_outputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, logits, targets)`` of an evaluation batch, which :func:`compile_model` compiles into one graph of its
+        own (no autograd, no dropout)."""
+        return self.loss_and_predictions(batch)
 
     def training_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """A training step's computation: ``(loss, accuracy)`` of the batch, both tensors on the device (nothing waits
         for it: see ``training_step``). ``lra.bench train`` times this step."""
         if self.marks_cuda_graph_steps:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, logits, targets = self.loss_and_predictions(batch)
-        return loss, batch_accuracy(logits.detach(), targets, self.accuracy_ignore_index)
+        return self.training_outputs(batch)
 
     def evaluation_loss(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
         """An evaluation batch's loss, its predictions added to the split's accuracy (on the device, read at the end)."""
         if self.marks_cuda_graph_steps:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, logits, targets = self.loss_and_predictions(batch)
+        loss, logits, targets = self.evaluation_outputs(batch)
         getattr(self, f"{split}_acc").update(logits, targets)
         return loss
 
@@ -280,26 +291,32 @@ def compile_mode(setting: str | None, backend: str | None) -> str | None:
     return setting
 
 
-def compile_model(module: LRAModule, backend: str = DEFAULT_COMPILE_BACKEND, mode: str | None = None) -> None:
-    """Compile ``module``'s model with ``torch.compile`` in place (``nn.Module.compile``), in Inductor's ``mode``.
+def compile_model(module: LRAModule, backend: str | Callable = DEFAULT_COMPILE_BACKEND, mode: str | None = None) -> None:
+    """Compile ``module``'s steps with ``torch.compile`` in place, with ``backend`` (a name, or a backend function
+    as ``torch.compile`` takes it) in Inductor's ``mode``.
 
-    ``mode="reduce-overhead"`` replays the compiled forward and backward as CUDA graphs on a GPU: one launch each
-    instead of one per kernel, which is most of a small model's step (on a CPU it is Inductor's default). Each step
-    then marks its start (``torch.compiler.cudagraph_mark_step_begin``) so that a graph's outputs are not taken for
-    the previous step's; the loss and the accuracy are computed outside the graphs, so what Lightning keeps of a
-    step is never overwritten by the next replay.
+    Each step's computation is compiled whole: the training step's forward pass, loss and batch accuracy
+    (``training_outputs``, its backward through AOTAutograd) and the evaluation step's forward pass and loss
+    (``evaluation_outputs``), each one graph. What stays eager is the accuracy metric's update (torchmetrics'
+    state), the optimizer step and Lightning's loop.
 
-    Only the forward pass is compiled: the loss, the metrics and Lightning's loop around it stay
-    eager. The model is compiled where it is, not wrapped, so the state dict and checkpoints keep
-    their keys (no ``_orig_mod.``) and a checkpoint resumes compiled or not. Dynamo compiles one
-    graph for training and one for evaluation (autograd and dropout differ; evaluating under
-    ``torch.inference_mode`` would be one more, so :mod:`lra.fit` then tests under ``no_grad`` as it
-    validates) and, at the test set's last partial batch, once more with a dynamic batch size; padding
+    ``mode="reduce-overhead"`` replays the compiled graphs as CUDA graphs on a GPU: one launch each instead of
+    one per kernel, which is most of a small model's step (on a CPU it is Inductor's default). Each step then marks
+    its start (``torch.compiler.cudagraph_mark_step_begin``) so that a graph's outputs are not taken for the previous
+    step's; Lightning keeps copies of a step's loss and logged values, which the next replay does not overwrite.
+
+    The methods are compiled on the instance and the model is not wrapped, so the state dict and
+    checkpoints keep their keys (no ``_orig_mod.``) and a checkpoint resumes compiled or not. Dynamo
+    compiles one graph for training and one for evaluation (evaluating under ``torch.inference_mode``
+    would recompile the latter, so :mod:`lra.fit` then tests under ``no_grad`` as it validates) and, at
+    the test set's last partial batch, the evaluation's once more with a dynamic batch size; padding
     never recompiles, as batches have the task's fixed length. The batch size is not marked dynamic
     from the start: every training and validation batch is full (they drop the last partial one), and
     a static size compiles the better kernels for all of them.
     """
-    module.network().compile(backend=backend, mode=compile_mode(mode, backend))
+    options = {"backend": backend, "mode": compile_mode(mode, backend)}
+    module.training_outputs = torch.compile(module.training_outputs, **options)
+    module.evaluation_outputs = torch.compile(module.evaluation_outputs, **options)
     module.marks_cuda_graph_steps = mode in CUDA_GRAPH_MODES
 
 

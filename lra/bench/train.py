@@ -6,9 +6,12 @@ task's paper model and length (``python -m lra.train task=<task> experiment=pape
 of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, each at its protocol's batch, learning
 rate and schedule), or at the lengths ``--seq-len`` gives::
 
-    python -m lra.bench train [--tasks listops text ...] [--attentions none,softmax,yoso_32 ...] [--seq-len paper 8192 ...]
-        [--steps 3] [--warmup 1] [--precision 32|bf16-mixed] [--compile [--compile-mode reduce-overhead]] [--profile]
-        [--batch N] [--device cpu|cuda] [--out results]
+    python -m lra.bench train [--tasks listops text ...] [--attentions none,softmax,yoso_32 ... | table3]
+        [--seq-len paper 8192 ...] [--steps 3] [--warmup 1] [--precision 32|bf16-mixed]
+        [--compile [--compile-mode reduce-overhead]] [--profile] [--batch N] [--device cpu|cuda] [--out results]
+
+``--attentions table3`` names the twelve rows of the YOSO paper's Table 3 at once (``lra_table1``: the eleven of the
+LRA paper's Table 1; :data:`lra.paper.TABLES`), beside or instead of single rows.
 
 The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.train``'s module: the
 :class:`~lra.module.LRAClassificationModule` built with the settings ``lra.fit`` gives it, its
@@ -17,10 +20,10 @@ The step (:class:`TrainingStep`) is Lightning's automatic optimisation of ``lra.
 Lightning's; the attention stays in float32 where ``model.attention_in_float32`` says so), ``backward``,
 ``optimizer.step`` and ``scheduler.step``. What the Trainer adds around it (logging, the progress bar) is not part of
 it. ``eval_ms`` is an evaluation batch's time, as validation takes it (``evaluation_loss`` under ``no_grad``: the
-loss and the accuracy's update). ``--compile`` compiles the model first with :func:`lra.module.compile_model`, as
-``trainer.compile=true`` does, in Inductor's ``--compile-mode`` as ``trainer.compile_mode`` (``reduce-overhead``: CUDA
-graphs); the compilation (the call and the first step, where ``torch.compile`` compiles) is timed on its own
-(``compile_s``), never in the step.
+loss and the accuracy's update). ``--compile`` compiles the module's training and evaluation steps whole first
+with :func:`lra.module.compile_model`, as ``trainer.compile=true`` does, in Inductor's ``--compile-mode`` as
+``trainer.compile_mode`` (``reduce-overhead``: CUDA graphs); the compilation (the call and the first step, where
+``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
 
 ``--profile``: after a cell's timing, :data:`PROFILED_STEPS` more steps under ``torch.profiler``, written to
 ``<out>/train_<device type>_profile/<task>_n<n>_<attention>[_data_loading]_<variant>.txt``: per phase of the step
@@ -98,6 +101,7 @@ from lra.data import cache
 from lra.data.tasks import get_spec, resolve
 from lra.datamodule import LRADataModule
 from lra.module import COMPILE_MODES, LRAClassificationModule
+from lra.paper import TABLES
 from lra.results import device_name
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -453,6 +457,9 @@ def measure_cell(
     if args.compile:
         from lra.module import compile_model  # torch.compile support: only where it is asked for
 
+        # Dynamo keeps the earlier cells' graphs of the same functions, and past its limit of compilations per function
+        # (torch._dynamo.config.recompile_limit, 8) would run this cell eagerly: each cell compiles afresh.
+        torch._dynamo.reset()
         start = time.perf_counter()
         compile_model(module, mode=args.compile_mode)
         step(next_batch())  # torch.compile compiles on the first call
@@ -696,6 +703,12 @@ def listed(values: list[str]) -> list[str]:
     return list(dict.fromkeys(item for value in values for item in value.split(",") if item))
 
 
+def attention_rows(values: list[str]) -> list[str]:
+    """``--attentions``' rows, in order, without repeats: each item a row of ``conf/attention``, or a published table's
+    name (:data:`lra.paper.TABLES`: ``table3``, ``lra_table1``) for all its rows."""
+    return list(dict.fromkeys(row for item in listed(values) for row in (TABLES[item].presets if item in TABLES else [item])))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lra.bench train",
@@ -708,7 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), help=f"tasks to run: {', '.join(TASKS)} (default: all)")
     parser.add_argument(
-        "--attentions", nargs="+", default=None, help="rows to run, e.g. none softmax or none,softmax (default: all); see --list"
+        "--attentions",
+        nargs="+",
+        default=None,
+        help=f"rows to run, e.g. none softmax or none,softmax, or a table's rows: {', '.join(TABLES)} (default: all); see --list",
     )
     parser.add_argument(
         "--seq-len",
@@ -732,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--precision", choices=["32", "bf16-mixed"], default=None, help="default: bf16-mixed on a GPU, 32 on a CPU (conf/trainer)"
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model first (lra.module.compile_model)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the steps first (lra.module.compile_model)")
     parser.add_argument(
         "--compile-mode",
         choices=COMPILE_MODES,
@@ -765,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as error:
         parser.error(f"argument --seq-len: {error}")
     if args.attentions:
-        args.attentions = listed(args.attentions)
+        args.attentions = attention_rows(args.attentions)
     rows = set(config.attention_rows())
     selected = [entry for entry in entries() if entry.row in rows]
     if args.list:
@@ -780,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.attentions) - rows)
         if unknown:
             parser.error(f"unknown attention(s) {unknown}; available: {', '.join(sorted(rows))}")
-        selected = [entry for entry in selected if entry.row in args.attentions]
+        by_row = {entry.row: entry for entry in selected}
+        selected = [by_row[row] for row in args.attentions]  # in the order asked: a table's rows in its order
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")

@@ -178,9 +178,10 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
     assert reloaded["steps"]["kernels"]["figures"] == figures["kernels"][0]
 
 
-def test_the_step_figures_check_the_none_listops_step_against_the_target(tmp_path):
+def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_against_their_targets(tmp_path):
     from lra.bench.output import write_csv
     from lra.bench.train import FIELDS
+    from lra.paper import TABLES
 
     def row(attention, compiled, step_ms, eval_ms):
         values = dict.fromkeys(FIELDS, "")
@@ -205,6 +206,12 @@ def test_the_step_figures_check_the_none_listops_step_against_the_target(tmp_pat
         in figures[-1]
     )
     assert gpu.step_figures(tmp_path / "nothing") == ([], False)
+    twelve = TABLES["table3"].presets
+    write_csv([row(name, True, 4.0 + i, 1.0) for i, name in enumerate(twelve)], tmp_path / "train_cuda.csv", FIELDS)
+    figures, _ = gpu.step_figures(tmp_path)
+    assert figures[-1] == (
+        f"the twelve rows' compiled steps sum to 114.0 ms (target 60 ms on an H100: NOT met); slowest {twelve[-1]} 15.00 ms"
+    )
 
 
 def sleeper(name: str, timeout_s: float = 20) -> gpu.Step:

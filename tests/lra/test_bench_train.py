@@ -1,6 +1,7 @@
 """``python -m lra.bench train``: the full training step per task and attention, its rows, ratios and data-loading line."""
 
 import csv
+import functools
 import itertools
 import time
 
@@ -12,6 +13,8 @@ from lra.bench import train
 from lra.bench.efficiency import entries
 from lra.data.tasks import get_spec
 from lra.datamodule import LRADataModule
+from lra.module import compile_model
+from lra.paper import TABLE3
 
 
 def read_rows(path):
@@ -207,6 +210,40 @@ def test_list_options_take_spaces_commas_or_both_and_name_an_unknown_item(capsys
     with pytest.raises(SystemExit):
         train.main(["--seq-len", "paper,0"])
     assert "a sequence length is 'paper' (the task's own) or a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_a_published_tables_name_picks_its_rows_in_its_order():
+    assert train.attention_rows(["table3"]) == list(TABLE3.presets)
+    assert train.attention_rows(["local,table3", "none"]) == ["local", *TABLE3.presets]
+    assert set(TABLE3.presets) <= set(config.attention_rows()), "every row of the table is one of conf/attention"
+    assert "or a table's rows: table3, lra_table1" in " ".join(train.build_parser().format_help().split())
+
+
+@pytest.mark.slow
+def test_the_twelve_table3_rows_run_compiled_in_one_command(tmp_path, monkeypatch):
+    """``--attentions table3 --compile``, as a GPU runs it; here each cell's steps compiled with aot_eager (Dynamo and
+    AOTAutograd without Inductor's code generation) at 32 tokens and one step. Every cell compiles its own two graphs:
+    none runs eagerly past Dynamo's limit of compilations per function (8), as the ninth row on did before each cell
+    compiled afresh."""
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    monkeypatch.setattr("lra.module.compile_model", functools.partial(compile_model, backend=recording))
+    out = tmp_path / "results"
+    argv = ["--tasks", "listops", "--attentions", "table3", "--compile", "--seq-len", "32", "--batch", "2"]
+    assert train.main([*argv, "--steps", "1", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    rows = read_rows(out / "train_cpu.csv")
+    assert [(row["attention"], row["data_loading"]) for row in rows] == [
+        *((preset, "False") for preset in TABLE3.presets),
+        ("none", "True"),
+    ]
+    assert {(row["status"], row["compiled"]) for row in rows} == {("ok", "True")}, [row["error"] for row in rows]
+    assert all(float(row["compile_s"]) > 0 and float(row["step_ms"]) > 0 and float(row["eval_ms"]) > 0 for row in rows)
+    assert len(graphs) == 2 * len(rows)  # each cell measured once (one step cannot spread): training and evaluation
 
 
 def test_profile_writes_each_phase_of_the_step_and_the_row_times_an_evaluation_batch(tmp_path, monkeypatch):
