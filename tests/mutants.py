@@ -1,24 +1,38 @@
-"""Inject plausible bugs into a copy of the code that guards the numbers, and show that the fast tests fail on each.
+"""Inject plausible bugs into a copy of the code that guards the numbers, and show that the tests fail on each.
 
-``python tests/mutants.py`` copies the packages and the tests into a temporary folder once, then for each
-mutant replaces one exact snippet of one module there, runs that mutant's test files (``-m "not slow" -x``,
-one process, on YOSO's pure-PyTorch reference: ``YOSO_KERNELS=0``, so that no copy rebuilds the compiled
-kernels) and puts the module back. A mutant is *killed* when its tests fail and *survives* when they pass (or
-hang past ``TIMEOUT_S``, which is reported as such).
-First the unmutated copy must pass every test file named, or nothing is measured. The table says which test
-killed each mutant; exit status 1 if any survives. About 5 minutes for all, on two cores.
+Each mutant replaces one exact snippet of one file (a snippet that no longer occurs exactly once stops the
+run before anything runs, so a mutant cannot rot into testing nothing) and runs its test files
+(``pytest -x``, one process). It is *killed* when they fail and *survives* when they pass (or hang past its
+kind's time limit, which is reported as such). Two kinds, which differ in how the mutated file reaches the
+tests (:data:`KINDS`):
 
-``--list`` names the mutants; ``--only NAME ...`` runs those; ``--out FILE`` also writes the table (Markdown).
-Not part of CI (too slow for every change); ``tests/test_mutants.py`` checks in the fast tier that every
-mutant's snippet still occurs exactly once in its module, so the list cannot rot silently.
+* ``python``: a module of ``attention_zoo``, ``lra`` or ``yoso_cuda``. The packages and the tests are copied
+  into a temporary folder once; each mutant replaces its module there, runs its fast tests (``-m "not
+  slow"``) on YOSO's pure-PyTorch reference (``YOSO_KERNELS=0``, so that no copy rebuilds the compiled
+  kernels) and puts the module back. The masks, YOSO's gradients, the encoder's pooling, stopping and
+  resuming, and the table's rules. About 5 minutes for all, on two cores.
+* ``cuda``: ``yoso_cuda/csrc/cuda/yoso_cuda.cu``. The mutated copy is written to a folder of its own under
+  torch's extensions folder (``yoso_mutants/<name>/``) and ``YOSO_EMULATOR_SOURCE`` points the repository's
+  ``tests/yoso_cuda/test_emulated_cuda.py`` at it (``-k "not sanitized_build"``), so a second run reuses the
+  emulator's build of each mutant; they run with the compiled CPU library, which holds the ops' schemas. A
+  mutant that passes runs again on the sanitized build (AddressSanitizer and UndefinedBehaviorSanitizer).
+  Barriers, warp collectives, bucket indexing and the cumulations' sums. On the 2-core development VM
+  (2026-11-28, ``--only inclusive_bucket_scan``): the unmutated run 266 s, the mutant 120 s with its first
+  build, 10 s with the build reused.
 
-The mutants cover masks (padded queries and keys), YOSO's gradients, the encoder's pooling, stopping and
-resuming, and the table's rules for pooling runs into cells and comparing them with the paper.
+Before the first mutant of each pass (a kind's tests, or its sanitized run), the unmutated sources must pass
+the tests of every chosen mutant of that kind, or nothing is measured (exit status 2). The table says which
+test killed each mutant; exit status 1 if any survives.
+
+``--list`` names the mutants; ``--only NAME ...`` and ``--kind python|cuda`` choose some; ``--out FILE`` also
+writes the table (Markdown). Not part of CI (too slow for every change); ``tests/test_mutants.py`` checks in
+the fast tier that every mutant's snippet still occurs exactly once in its file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -27,12 +41,59 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from yoso_cuda.build import extensions_root
+from yoso_cuda.emulator import sanitizer_preload
+
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 600  # one mutant's test files; a hang is reported, not counted as killed
 COPIED = ("attention_zoo", "lra", "yoso_cuda", "tests", "results", "conftest.py", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a kind of mutant reaches its tests, and how they run."""
+
+    environment: tuple[tuple[str, str], ...]  # set for every run of the tests
+    pytest_args: tuple[str, ...]
+    # "": the mutated module replaces the original in the temporary copy, where the tests run. Otherwise the
+    # mutated file is written to a folder kept between runs and this variable names it to the repository's tests,
+    # which run in place: the builds made from it (keyed by its path) are reused by the next run.
+    source_variable: str
+    sanitized_pass: bool  # a mutant that passes its tests runs them again on the sanitized build
+    timeout_s: int  # one run of a mutant's tests (with its build); a hang is reported, not counted as killed
+
+
+KINDS = {
+    "python": Kind(
+        environment=(("YOSO_KERNELS", "0"),),
+        pytest_args=("-m", "not slow"),
+        source_variable="",
+        sanitized_pass=False,
+        timeout_s=600,
+    ),
+    "cuda": Kind(
+        environment=(),  # the emulator needs the compiled CPU library: never YOSO_KERNELS=0
+        pytest_args=("-k", "not sanitized_build"),
+        source_variable="YOSO_EMULATOR_SOURCE",
+        sanitized_pass=True,
+        timeout_s=1800,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # the mutated file, relative to the repository's root
+    bug: str
+    original: str  # occurs exactly once in the file
+    mutated: str
+    tests: tuple[str, ...]
+    kind: str = "python"  # a key of KINDS
+
 
 ZOO = ("tests/attention_zoo/test_every_attention.py",)
 YOSO = ("tests/yoso_cuda/test_attention_backward.py", "tests/attention_zoo/test_yoso.py")
@@ -43,14 +104,11 @@ TRAIN = ("tests/lra/test_train.py",)
 TABLE = ("tests/lra/test_table.py",)
 
 
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    path: str  # the module, relative to the repository's root
-    bug: str
-    original: str  # occurs exactly once in the module
-    mutated: str
-    tests: tuple[str, ...]
+def cuda_mutant(name: str, bug: str, original: str, mutated: str) -> Mutant:
+    """A bug in the CUDA kernels, caught by the emulated tests or their sanitized run."""
+    return Mutant(
+        name, "yoso_cuda/csrc/cuda/yoso_cuda.cu", bug, original, mutated, ("tests/yoso_cuda/test_emulated_cuda.py",), "cuda"
+    )
 
 
 MUTANTS = [
@@ -61,6 +119,14 @@ MUTANTS = [
         "padded queries keep whatever the core attention gave them instead of zero rows",
         "    return out.masked_fill(~mask[:, None, :, None], 0.0)",
         "    return out",
+        ZOO,
+    ),
+    Mutant(
+        "padded_inputs_reach_the_attention",
+        "attention_zoo/_checks.py",
+        "q, k and v reach the core attention with whatever their padded positions hold (a NaN there leaks)",
+        "    return q.masked_fill(padded, 0.0), k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)",
+        "    return q, k, v",
         ZOO,
     ),
     Mutant(
@@ -157,16 +223,24 @@ MUTANTS = [
         "encoder_features_not_masked",
         "lra/model.py",
         "the encoder's padded positions keep their features and enter the mean",
-        "weights = mask.to(features.dtype)[:, None, :]  # (b, 1, n)",
-        "weights = torch.ones_like(mask, dtype=features.dtype)[:, None, :]  # (b, 1, n)",
+        "real_features = features.masked_fill(~mask[..., None], 0.0)  # (b, n, dim)",
+        "real_features = features  # (b, n, dim)",
+        MODEL,
+    ),
+    Mutant(
+        "encoder_padding_multiplied_out",
+        "lra/model.py",
+        "the pooling multiplies padded positions by zero instead of selecting them out: a NaN there reaches the mean",
+        "real_features = features.masked_fill(~mask[..., None], 0.0)  # (b, n, dim)",
+        "real_features = features * mask[..., None]  # (b, n, dim)",
         MODEL,
     ),
     Mutant(
         "encoder_masked_mean",
         "lra/model.py",
         "the pooled features are the mean over real tokens, not the original code's sum over the padded length",
-        "return torch.bmm(weights, features).squeeze(1) / features.shape[1]  # (b, dim)",
-        "return torch.bmm(weights, features).squeeze(1) / weights.sum(-1)  # (b, dim)",
+        "return torch.bmm(ones, real_features).squeeze(1) / features.shape[1]  # (b, dim)",
+        "return torch.bmm(ones, real_features).squeeze(1) / mask.sum(-1, keepdim=True)  # (b, dim)",
         MODEL,
     ),
     # Stopping and resuming.
@@ -222,16 +296,16 @@ MUTANTS = [
         "testing_error_overwrites_last",
         "lra/callbacks.py",
         "an error while testing overwrites last.ckpt",
-        "if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module):",
-        "if not diverged(pl_module):",
+        "if trainer.state.fn == TrainerFn.FITTING and not diverged(pl_module)",
+        "if not diverged(pl_module)",
         CALLBACKS,
     ),
     Mutant(
         "resume_any_configuration",
         "lra/train.py",
-        "a run resumes a last.ckpt left by another configuration in its folder",
-        "if previous is not None and previous.config_hash == record.config_hash and last.is_file():",
-        "if previous is not None and last.is_file():",
+        "a last.ckpt left by another configuration in the run's folder is taken for the run's own, not started afresh",
+        "if not last.is_file() or (previous is not None and previous.config_hash != record.config_hash):",
+        "if not last.is_file():",
         TRAIN,
     ),
     Mutant(
@@ -287,8 +361,8 @@ MUTANTS = [
         "seeds_pooled_across_configurations",
         "lra/table.py",
         "runs of different configurations are one run when their seed and status agree",
-        'return runs.drop_duplicates(subset=["config_hash", "seed", "status", "finished_at"]).reset_index(drop=True)',
-        'return runs.drop_duplicates(subset=["seed", "status", "finished_at"]).reset_index(drop=True)',
+        'return runs.drop_duplicates(subset=["config_hash", ',
+        "return runs.drop_duplicates(subset=[",
         TABLE,
     ),
     Mutant(
@@ -299,6 +373,153 @@ MUTANTS = [
         "cells = [c for c in cells if c is not None]\n"
         '        return sum(c["mean"] for c in cells) / len(cells) if cells else None',
         TABLE,
+    ),
+    # The CUDA kernels.
+    cuda_mutant(
+        "missing_barrier",
+        "heavy_bucket_tables_kernel stages the next 256 key indices before every thread has read the previous ones",
+        "      __syncthreads();  // the previous batch of staged indices is consumed\n",
+        "",
+    ),
+    cuda_mutant(
+        "warp_butterfly_reversed",
+        "hash_codes_warp_kernel's lane holding b of a pair (a, b) keeps b - a instead of a - b",
+        "x[k] = second ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);",
+        "x[k] = second ? __fsub_rn(x[k], other) : __fadd_rn(x[k], other);",
+    ),
+    cuda_mutant(
+        "warp_code_bits_of_another_vector",
+        "hash_codes_warp_kernel reads a code's bits from the ballot without shifting out the other vectors' lanes",
+        "positive[k] = (__ballot_sync(0xffffffffu, x[k] > 0.0f) >> group) & group_bits;",
+        "positive[k] = __ballot_sync(0xffffffffu, x[k] > 0.0f) & group_bits;",
+    ),
+    cuda_mutant(
+        "missing_barrier_between_rotations",
+        "hash_codes_kernel starts the next rotation while other threads still read the bits of this one",
+        "    __syncthreads();  // the next rotation overwrites x\n",
+        "",
+    ),
+    cuda_mutant(
+        "off_by_one_read",
+        "weighted_lookup_kernel enumerates one row past the end of a light bucket",
+        "          const int count = static_cast<int>(min64(kWarp, hi - pos0));\n"
+        "          const int lane_j = lane < count ? rows[pos0 + lane] : 0;\n"
+        "          for (int t = 0; t < count; ++t) {\n"
+        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n"
+        "            const scalar_t* w = batch_weights + j * width;",
+        "          const int count = static_cast<int>(min64(kWarp, hi + 1 - pos0));\n"
+        "          const int lane_j = lane < count ? rows[pos0 + lane] : 0;\n"
+        "          for (int t = 0; t < count; ++t) {\n"
+        "            const int64_t j = __shfl_sync(kFullMask, lane_j, t);\n"
+        "            const scalar_t* w = batch_weights + j * width;",
+    ),
+    cuda_mutant(
+        "divergent_shuffle",
+        "weighted_lookup_kernel's warp reduction of the pair weight runs only on the lanes that loaded a row",
+        "            dot = warp_sum(dot);\n",
+        "            if (lane < count) dot = warp_sum(dot);\n",
+    ),
+    cuda_mutant(
+        "short_sort_end_bit",
+        "the radix sort's end_bit leaves out the highest bit of the segment numbers",
+        "  const int end_bit = hash_bits + 1 + bit_width(",
+        "  const int end_bit = hash_bits + bit_width(",
+    ),
+    cuda_mutant(
+        "oversized_block",
+        "blocks of 64 warps (2048 threads)",
+        "constexpr int kWarpsPerBlock = 8;",
+        "constexpr int kWarpsPerBlock = 64;",
+    ),
+    cuda_mutant(
+        "lost_chunk_sums",
+        "cumulation_query_kernel starts each chunk of hashes from zero instead of the sums of the earlier chunks",
+        "      acc[k] = column < channels ? out_row[column] : 0.0f;\n"
+        "    }\n"
+        "    for (int hl = 0; hl < hc; ++hl) {\n"
+        "      const int64_t segment = b * hc + hl;\n"
+        "      const int64_t base = segment * num_keys;\n"
+        "      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);\n"
+        "      int64_t lo, hi;\n"
+        "      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {\n"
+        "        continue;\n"
+        "      }\n"
+        "#pragma unroll",
+        "      acc[k] = 0.0f;\n"
+        "    }\n"
+        "    for (int hl = 0; hl < hc; ++hl) {\n"
+        "      const int64_t segment = b * hc + hl;\n"
+        "      const int64_t base = segment * num_keys;\n"
+        "      const key_t key = bucket_key(segment0 + segment, query_codes[query * num_hashes + h0 + hl], hash_bits);\n"
+        "      int64_t lo, hi;\n"
+        "      if (!find_bucket(keys, base, num_keys, key, lo, hi)) {\n"
+        "        continue;\n"
+        "      }\n"
+        "#pragma unroll",
+    ),
+    cuda_mutant(
+        "racy_bucket_runs",
+        "bucket_index_kernel lets a run's rows and its tail read the table before the run's head has moved the cursor",
+        "          if (step == 2 && tail) {\n"
+        "            ends[code] += p + 1;\n"
+        "          }\n"
+        "        }\n"
+        "        __syncthreads();\n",
+        "          if (step == 2 && tail) {\n            ends[code] += p + 1;\n          }\n        }\n",
+    ),
+    cuda_mutant(
+        "unranked_bucket_rows",
+        "bucket_index_kernel places every row of a run at the run's cursor, ignoring its place in the run",
+        "            segment_rows[ends[code] + p] = ",
+        "            segment_rows[ends[code]] = ",
+    ),
+    cuda_mutant(
+        "inclusive_bucket_scan",
+        "bucket_index_kernel starts each bucket at its end (an inclusive scan of the counts)",
+        "  return before + inclusive - value;\n",
+        "  return before + inclusive;\n",
+    ),
+    cuda_mutant(
+        "stale_round_keys",
+        "bucket_index_kernel's placement pass reuses the counting pass's last sorted round instead of sorting each round again",
+        "      if (pass == 0 || num_rows > round) {\n",
+        "      if (pass == 0) {\n",
+    ),
+    cuda_mutant(
+        "round_end_tail_missed",
+        "bucket_index_kernel never ends a run at the end of a round, so the last bucket of each round loses its rows",
+        "          const bool tail = p == round - 1 || ",
+        "          const bool tail = ",
+    ),
+    cuda_mutant(
+        "stale_first_hashes",
+        "weighted_lookup_kernel adds to the output's previous contents on the first (or only) chunk of hashes",
+        "      acc[k] = !first && column < channels ? out_row[column] : 0.0f;\n",
+        "      acc[k] = column < channels ? out_row[column] : 0.0f;\n",
+    ),
+    cuda_mutant(
+        "misrouted_second_direction",
+        "weighted_lookup_kernel gives the first warp of the second direction the first direction's pass",
+        "  const bool second = warp >= lookups0;\n",
+        "  const bool second = warp > lookups0;\n",
+    ),
+    cuda_mutant(
+        "unwritten_padded_rows",
+        "weighted_lookup_kernel leaves a padded lookup row unwritten (the output is not zero-filled)",
+        "    for (int64_t column = lane; first && column < channels; column += kWarp) {\n      out_row[column] = 0.0f;\n    }\n",
+        "",
+    ),
+    cuda_mutant(
+        "heavy_table_of_the_wrong_side",
+        "heavy_bucket_tables_kernel numbers the second direction's slots from the first's",
+        "  const int64_t item = static_cast<int64_t>(blockIdx.x) - (second ? slots0 : 0);\n",
+        "  const int64_t item = static_cast<int64_t>(blockIdx.x);\n",
+    ),
+    cuda_mutant(
+        "plain_sums_weighted",
+        "heavy_bucket_tables_kernel's column of ones (grad V's bucket sums in lsh_lower_bound_gradients) holds zeros",
+        "            const float value = c[k] < channels ? static_cast<float>(batch_values[j * channels + c[k]]) : 1.0f;\n",
+        "            const float value = c[k] < channels ? static_cast<float>(batch_values[j * channels + c[k]]) : 0.0f;\n",
     ),
 ]
 
@@ -320,64 +541,113 @@ def copy_tree(destination: Path) -> None:
             shutil.copy2(source, destination / name)
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str, float]:
-    """(passed, first failure, seconds) of ``tests`` run in ``copy``."""
-    env = {**os.environ, "PYTHONPATH": str(copy), "YOSO_KERNELS": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+def tests_folder(kind: Kind, copy: Path) -> Path:
+    """Where a kind's tests run: the temporary copy, or the repository where the mutated file is kept outside it."""
+    return ROOT if kind.source_variable else copy
+
+
+@contextlib.contextmanager
+def applied(mutant: Mutant, text: str, copy: Path) -> Iterator[dict[str, str]]:
+    """Put the mutated ``text`` where ``mutant``'s tests read it; yields the variables that point them at it."""
+    kind = KINDS[mutant.kind]
+    if kind.source_variable:
+        path = extensions_root() / "yoso_mutants" / mutant.name / Path(mutant.path).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        yield {kind.source_variable: str(path)}
+        return
+    target = copy / mutant.path
+    original = target.read_text()
+    target.write_text(text)
+    try:
+        yield {}
+    finally:
+        target.write_text(original)
+
+
+def sanitized_environment() -> dict[str, str]:
+    """The variables that run the emulated tests on the build with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    return {"YOSO_EMULATOR_SANITIZE": "1", "LD_PRELOAD": sanitizer_preload(), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    passed: bool
+    failure: str  # the first failing test and why, or how it timed out
+    seconds: float
+    timed_out: bool = False
+
+
+def run_tests(folder: Path, tests: tuple[str, ...], kind: Kind, variables: dict[str, str]) -> Outcome:
+    """Run ``tests`` in ``folder`` as ``kind`` runs them, with ``variables`` set."""
+    env = {**os.environ, "PYTHONPATH": str(folder), "PYTHONDONTWRITEBYTECODE": "1", **dict(kind.environment), **variables}
     env.setdefault("OMP_NUM_THREADS", "1")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow", *tests]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *kind.pytest_args, *tests]
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
     try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
+        output, _ = process.communicate(timeout=kind.timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)  # the tests' own children (a forked pool) too
         process.communicate()
-        return False, f"TIMED OUT after {TIMEOUT_S} s (a hang: run it again with --only)", time.perf_counter() - start
+        hang = f"TIMED OUT after {kind.timeout_s} s (a hang: run it again with --only)"
+        return Outcome(False, hang, time.perf_counter() - start, timed_out=True)
     seconds = time.perf_counter() - start
     if process.returncode == 0:
-        return True, "", seconds
+        return Outcome(True, "", seconds)
     failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
-    reason = re.search(r"^E\s+(.+)$", output, re.M)
-    test = failed.group(1) if failed else f"(no test failed: pytest exited {process.returncode})"
+    # A sanitizer's report aborts the process before pytest can report the failing test.
+    reason = re.search(r"^E\s+(.+)$", output, re.M) or re.search(r"(AddressSanitizer: .+|runtime error: .+)", output)
+    ended = f"was killed by signal {-process.returncode}" if process.returncode < 0 else f"exited {process.returncode}"
+    test = failed.group(1) if failed else f"(no test failed: pytest {ended})"
     why = reason.group(1).strip() if reason else output.strip().splitlines()[-1] if output.strip() else ""
-    return False, f"{test}: {why[:300]}", seconds
+    return Outcome(False, f"{test}: {why[:300]}", seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="name the mutants and exit")
-    parser.add_argument("--only", nargs="+", choices=[m.name for m in MUTANTS], metavar="NAME", help="run only these mutants")
+    parser.add_argument("--list", action="store_true", help="name the chosen mutants and exit")
+    parser.add_argument("--only", nargs="+", choices=[m.name for m in MUTANTS], metavar="NAME", help="only these mutants")
+    parser.add_argument("--kind", choices=sorted(KINDS), help="only the mutants of this kind")
     parser.add_argument("--out", type=Path, help="also write the table (Markdown) to this file")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    chosen = [m for m in MUTANTS if (not args.only or m.name in args.only) and (not args.kind or m.kind == args.kind)]
+    if not chosen:
+        parser.error(f"no mutant named by --only is of kind {args.kind}: drop --kind or name mutants of that kind")
     if args.list:
         for mutant in chosen:
-            print(f"{mutant.name:40s} {mutant.path:36s} {mutant.bug}")
+            print(f"{mutant.name:40s} {mutant.kind:6s} {mutant.path:36s} {mutant.bug}")
         return 0
-    sources = {m.path: (ROOT / m.path).read_text() for m in chosen}
-    mutated = {m.name: mutate(sources[m.path], m) for m in chosen}  # every snippet checked before anything runs
-    rows = ["| mutant | module | bug | killed by | seconds |", "| --- | --- | --- | --- | --- |"]
+    mutated = {m.name: mutate((ROOT / m.path).read_text(), m) for m in chosen}  # every snippet checked before anything runs
+    rows = ["| mutant | kind | file | bug | killed by | seconds |", "| --- | --- | --- | --- | --- | --- |"]
     survivors = []
+    unmutated: dict[tuple[str, bool], Outcome] = {}  # (kind, sanitized): the unmutated sources' run of that kind's tests
     with tempfile.TemporaryDirectory(prefix="lra_mutants_") as folder:
         copy = Path(folder)
         copy_tree(copy)
-        tests = tuple(dict.fromkeys(test for m in chosen for test in m.tests))
-        passed, failure, seconds = run_tests(copy, tests)
-        print(f"unmutated copy: {'the tests pass' if passed else 'FAILS: ' + failure} ({seconds:.0f} s)", flush=True)
-        if not passed:
-            return 2
         for mutant in chosen:
-            target = copy / mutant.path
-            target.write_text(mutated[mutant.name])
-            try:
-                passed, failure, seconds = run_tests(copy, mutant.tests)
-            finally:
-                target.write_text(sources[mutant.path])
-            if passed or failure.startswith("TIMED OUT"):
+            kind = KINDS[mutant.kind]
+            killed_by, seconds, timed_out = "SURVIVED", 0.0, False
+            for sanitized in (False, True) if kind.sanitized_pass else (False,):
+                variables = sanitized_environment() if sanitized else {}
+                build = " on the sanitized build" if sanitized else ""
+                if (mutant.kind, sanitized) not in unmutated:
+                    tests = tuple(dict.fromkeys(test for m in chosen if m.kind == mutant.kind for test in m.tests))
+                    outcome = unmutated[mutant.kind, sanitized] = run_tests(tests_folder(kind, copy), tests, kind, variables)
+                    verdict = "they pass" if outcome.passed else f"FAIL: {outcome.failure}"
+                    print(f"unmutated sources, {mutant.kind} tests{build}: {verdict} ({outcome.seconds:.0f} s)", flush=True)
+                if not unmutated[mutant.kind, sanitized].passed:
+                    return 2
+                with applied(mutant, mutated[mutant.name], copy) as source:
+                    outcome = run_tests(tests_folder(kind, copy), mutant.tests, kind, {**variables, **source})
+                seconds += outcome.seconds
+                if not outcome.passed:
+                    killed_by, timed_out = f"{outcome.failure}{build}".replace("|", "/"), outcome.timed_out
+                    break
+            if killed_by == "SURVIVED" or timed_out:
                 survivors.append(mutant.name)
-            killed_by = "SURVIVED" if passed else failure.replace("|", "/")
-            row = f"| `{mutant.name}` | {mutant.path} | {mutant.bug} | {killed_by} | {seconds:.0f} |"
+            row = f"| `{mutant.name}` | {mutant.kind} | {mutant.path} | {mutant.bug} | {killed_by} | {seconds:.0f} |"
             rows.append(row)
             print(row, flush=True)
     table = "\n".join(rows)

@@ -7,7 +7,7 @@ emulator's three schedules, whose results must be bitwise identical (the kernels
 ``YOSO_EMULATOR_SANITIZE=1`` (in a process preloading ``emulator.sanitizer_preload()``) runs the
 same tests on the build with AddressSanitizer and UndefinedBehaviorSanitizer, as
 ``test_sanitized_build`` does; ``YOSO_EMULATOR_SOURCE`` points them at another copy of the kernels
-(``python -m yoso_cuda.emulator.mutants`` does, to show that injected bugs fail them).
+(``python tests/mutants.py --kind cuda`` does, to show that injected bugs fail them).
 """
 
 from __future__ import annotations
