@@ -38,12 +38,14 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class Diverged(RuntimeError):
-    """Training's loss became non-finite: the run stops there and is recorded as diverged, never as a result."""
+    """Training's loss or gradients became non-finite: the run stops there and is recorded as diverged, never as a
+    result."""
 
     def __init__(self, step: int, last_finite_loss: float | None) -> None:
         last = f"the last finite loss {last_finite_loss:.4g}" if last_finite_loss is not None else "no finite loss before it"
         super().__init__(
-            f"training diverged: the loss is not finite from step {step} ({last}); no checkpoint holds a state from "
+            f"training diverged: the loss or its gradients are not finite from step {step} ({last}); no checkpoint holds "
+            "a state from "
             "after it. Try a lower task.protocol.lr or a longer task.protocol.warmup_steps, or trainer.precision=32 if "
             "it ran in bf16"
         )
@@ -185,18 +187,27 @@ class LRAModule(pl.LightningModule):
             self._first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=loss.device)
             self._last_finite_loss = torch.full((), math.nan, device=loss.device)
         finite = torch.isfinite(loss.detach())
-        first_time = ~finite & (self._first_nonfinite_step < 0)
-        self._first_nonfinite_step = torch.where(first_time, step, self._first_nonfinite_step)
+        self.note_non_finite(finite, step)
         self._last_finite_loss = torch.where(finite, loss.detach().float(), self._last_finite_loss)
 
+    def note_non_finite(self, finite: torch.Tensor, step: int) -> None:
+        """Note ``step`` on the device as the first non-finite one unless ``finite`` or an earlier step was."""
+        first_time = ~finite & (self._first_nonfinite_step < 0)
+        self._first_nonfinite_step = torch.where(first_time, step, self._first_nonfinite_step)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """With ``skip_non_finite_steps`` (a protocol's opt-in), drop the update of a step whose loss or gradients are
-        not finite and count it, as mixed-precision scalers do: every gradient is set to None, and AdamW leaves each
-        parameter and its moments as they were. A wait for the device at every step, paid only by a protocol that opts
-        in; without it, a non-finite loss stops the run as diverged."""
-        if not self.hparams.skip_non_finite_steps:
-            return
+        """Gradients that are not finite where the loss is (an overflow in the backward) diverge the run at this step
+        as a non-finite loss does: noted on the device, checked where the host waits anyway.
+
+        With ``skip_non_finite_steps`` (a protocol's opt-in), the update of a step whose loss or gradients are not
+        finite is dropped and counted instead, as mixed-precision scalers do: every gradient is set to None, and AdamW
+        leaves each parameter and its moments as they were. A wait for the device at every step, paid only by a
+        protocol that opts in."""
         gradients = [parameter.grad for parameter in self.parameters() if parameter.grad is not None]
+        if not self.hparams.skip_non_finite_steps:
+            if gradients and self._first_nonfinite_step is not None:  # one norm over them all: a few kernels
+                self.note_non_finite(torch.isfinite(total_norm(gradients)), self.global_step)
+            return
         if not bool(torch.stack([torch.isfinite(t).all() for t in (self._step_loss, *gradients)]).all()):
             optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
@@ -208,7 +219,8 @@ class LRAModule(pl.LightningModule):
         self.skipped_steps = checkpoint.get("skipped_non_finite_steps", 0)
 
     def check_divergence(self) -> None:
-        """Raise :class:`Diverged` if a step's loss was not finite (a wait for the device: call it where one is due)."""
+        """Raise :class:`Diverged` if a step's loss or gradients were not finite (a wait for the device: call it where one
+        is due)."""
         if self._first_nonfinite_step is None or (step := int(self._first_nonfinite_step)) < 0:
             return
         last = float(self._last_finite_loss)
@@ -274,6 +286,13 @@ def compile_backend(setting: bool | str) -> str | None:
         f"torch.compile backend (inductor, aot_eager, eager, ...: torch.compiler.list_backends(exclude_tags=()) "
         f"lists them); got {setting!r}"
     )
+
+
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of ``tensors`` together, on their device, in a few fused kernels where torch has them."""
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
+        return torch.nn.utils.get_total_norm(tensors)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
 def compile_mode(setting: str | None, backend: str | None) -> str | None:

@@ -1,6 +1,7 @@
 """The LRA encoder's pooling and masking, and the original optimiser schedule."""
 
 import re
+from unittest.mock import PropertyMock, patch
 
 import pytest
 import torch
@@ -333,3 +334,25 @@ def test_the_first_non_finite_training_loss_is_noted_on_the_device_and_raised_wi
     with pytest.raises(Diverged, match=r"not finite from step 2 \(the last finite loss 1\)") as raised:
         lra_module.check_divergence()
     assert raised.value.step == 2  # the first non-finite step, not a later one; the last finite loss is the latest
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_gradient_under_a_finite_loss_diverges_the_run_at_its_step(bad):
+    """An overflow in the backward leaves the loss finite: the gradients are watched too, before the update."""
+    from lra.module import Diverged
+
+    lra_module = module()
+    parameter = next(lra_module.parameters())
+    for step in range(4):
+        lra_module.watch_for_divergence(torch.tensor(2.0 - step / 10), step)
+        for p in lra_module.parameters():
+            p.grad = torch.zeros_like(p)
+        if step == 2:
+            parameter.grad.view(-1)[0] = bad
+        with patch.object(LRAClassificationModule, "global_step", new_callable=PropertyMock, return_value=step):
+            lra_module.on_before_optimizer_step(None)
+        if step == 1:
+            lra_module.check_divergence()  # all finite so far
+    with pytest.raises(Diverged, match=r"gradients are not finite from step 2 \(the last finite loss 1\.7\)") as raised:
+        lra_module.check_divergence()
+    assert raised.value.step == 2
