@@ -205,7 +205,9 @@ class LRAModule(pl.LightningModule):
         protocol that opts in."""
         gradients = [parameter.grad for parameter in self.parameters() if parameter.grad is not None]
         if not self.hparams.skip_non_finite_steps:
-            if gradients and self._first_nonfinite_step is not None:  # one norm over them all: a few kernels
+            # Under float16's loss scaling an inf gradient is the scaler's to handle (it skips the step, lowers the scale).
+            scaled = getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None) is not None
+            if gradients and self._first_nonfinite_step is not None and not scaled:  # one norm over them all: few kernels
                 self.note_non_finite(torch.isfinite(total_norm(gradients)), self.global_step)
             return
         if not bool(torch.stack([torch.isfinite(t).all() for t in (self._step_loss, *gradients)]).all()):
