@@ -154,7 +154,7 @@ class LRAModule(pl.LightningModule):
 
     def training_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """A training step's computation: ``(loss, accuracy)`` of the batch, both tensors on the device (nothing waits
-        for it: see ``training_step``). ``lra.bench train`` times this step."""
+        for it: see ``training_step``). ``lra.bench step`` times this step."""
         if self.marks_cuda_graph_steps:
             torch.compiler.cudagraph_mark_step_begin()
         return self.training_outputs(batch)

@@ -198,7 +198,7 @@ RULES = [
         why="needs a trained YOSO run (tests/lra/test_bench_approx.py runs it on one): its help",
     ),
     Rule(
-        r"^python -m lra\.bench train",
+        r"^python -m lra\.bench step",
         append=("--tasks", "listops", "--attentions", "none", "yoso_32", "--seq-len", "64", "--batch", "2", "--steps", "1")
         + ("--warmup", "0", "--quiet", "--out", "bench"),
         why="two attentions on a small ListOps (the full grid takes an hour)",

@@ -1,17 +1,17 @@
-"""``python -m lra.bench {kernels,efficiency,train,approx,gpu,pathfinder_cnn,authors} [options]``: run one benchmark; each takes
-``--help``. ``train`` times the LRA model's full training step per task and attention (:mod:`lra.bench.train`); ``gpu`` runs
+"""``python -m lra.bench {kernels,efficiency,step,approx,gpu,pathfinder_cnn,authors} [options]``: run one benchmark; each takes
+``--help``. ``step`` times the LRA model's full training step per task and attention (:mod:`lra.bench.step`); ``gpu`` runs
 YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`); ``authors`` times the step beside the
 authors' PyTorch LRA code (:mod:`lra.bench.authors`)."""
 
 import argparse
 import sys
 
-from . import approx, authors, efficiency, gpu, kernels, pathfinder_cnn, train
+from . import approx, authors, efficiency, gpu, kernels, pathfinder_cnn, step
 
 BENCHMARKS = {
     "kernels": kernels,
     "efficiency": efficiency,
-    "train": train,
+    "step": step,
     "approx": approx,
     "gpu": gpu,
     "pathfinder_cnn": pathfinder_cnn,

@@ -2,8 +2,8 @@
 
 For each row, the authors' model (mlpen/Nystromformer's ``LRA/code``: ``model_wrapper.ModelForSC`` built from its
 ``lra_config.config["listops"]`` with the row's ``extra_attn_config``, as its ``run_tasks.py`` does; its Performer
-row calls lucidrains' performer-pytorch ``FastAttention``) and this project's (``lra.bench train``'s module and
-:class:`~lra.bench.train.TrainingStep`, the row of ``conf/attention``) take the same ListOps batch and the same full
+row calls lucidrains' performer-pytorch ``FastAttention``) and this project's (``lra.bench step``'s module and
+:class:`~lra.bench.step.TrainingStep`, the row of ``conf/attention``) take the same ListOps batch and the same full
 training step in float32::
 
     python -m lra.bench authors --authors-code PATH/Nystromformer/LRA/code [--performer-pytorch PATH/performer-pytorch]
@@ -26,13 +26,13 @@ theirs needs a package that is not installed and plays no part in the step (perf
 ``axial_positional_embedding``; ``einops``, of which ``FastAttention`` uses one ``repeat``), a stand-in module is put
 in ``sys.modules`` at run time; their files are never edited.
 
-Batch: ``lra.bench train``'s random ListOps batch (:func:`~lra.bench.train.random_batch`: real lengths 501..1999 of
+Batch: ``lra.bench step``'s random ListOps batch (:func:`~lra.bench.step.random_batch`: real lengths 501..1999 of
 2048, about 41% padding), the same tokens for both; theirs gets its float mask ``ids != 0`` as its dataset makes it.
 
 Time: per row, both models are built (seeded alike), each steps once untimed, then ``--rounds`` rounds each time one
 step of theirs then one of ours, the device synchronised after each. ``ratio`` is the median over rounds of theirs /
 ours (> 1: ours is faster); alternating keeps a load that comes and goes on a shared machine out of the ratio, which
-is why only ratios, never a single run's seconds, are to be compared across runs. Memory: as ``lra.bench train``,
+is why only ratios, never a single run's seconds, are to be compared across runs. Memory: as ``lra.bench step``,
 each side's peak during one step (after one warm-up step) above what was in use before its model was built
 (weights, gradients, AdamW's state, activations; on a CPU the resident set, :class:`~lra.bench.measure.MemoryMeter`),
 measured before the timed rounds.
@@ -68,7 +68,7 @@ from lra.bench import authors_adapters as adapters
 from lra.bench.efficiency import entries
 from lra.bench.measure import STEADY_MMAP_THRESHOLD, MemoryMeter, _set_allocator, synchronize
 from lra.bench.output import RESULTS, write_csv
-from lra.bench.train import TrainingStep, build_module, padding_share, random_batch, task_config
+from lra.bench.step import TrainingStep, build_module, padding_share, random_batch, task_config
 from lra.results import device_name
 
 TASK = "listops"
@@ -277,7 +277,7 @@ def seconds_of_one_call(step: Callable[[], object], device: torch.device) -> flo
 
 def memory_of(build: Callable[[], Callable[[], object]], device: torch.device) -> tuple[Callable[[], object], float]:
     """``(step, MB)``: the step ``build()`` makes, and its peak during one step after a warm-up step, above what was in
-    use before the build (as ``lra.bench train``)."""
+    use before the build (as ``lra.bench step``)."""
     meter = MemoryMeter(device)
     step = build()
     step()

@@ -20,16 +20,16 @@ on past a step that fails:
 ``cells``     ``python -m lra.campaign measure``: cells per hour against the cells run at once
               on the GPU (K = 1..16), 200-step copies of Table 3's softmax ListOps cell
               (the paper-size ListOps is generated first where it is missing)
-``step``      ``python -m lra.bench train`` of ListOps (n = 2048, batch 32, bf16) for the twelve
+``step``      ``python -m lra.bench step`` of ListOps (n = 2048, batch 32, bf16) for the twelve
               rows of Table 3, eager and compiled (``reduce-overhead``: CUDA graphs), ``--profile``:
               step and evaluation ms, device busy ms and kernels per step, and a profile per cell
-              (``train_cuda_profile/``); the figures check the none step against 3 ms and the
+              (``step_cuda_profile/``); the figures check the none step against 3 ms and the
               twelve compiled steps' sum against 60 ms
 ============  ================================================================================
 
 It writes into ``--out`` (default ``results/`` of the current folder): ``kernels_cuda.{csv,png}``,
 ``efficiency_cuda.{csv,png}``, ``train_presets_cuda.csv``, ``cells_per_hour_<device>.{csv,png}``, the step's rows
-of ``train_cuda.{csv,png}`` and ``train_cuda_profile/``, each step's full output in
+of ``step_cuda.{csv,png}`` and ``step_cuda_profile/``, each step's full output in
 ``gpu_validation_cuda/<step>.log``, and the summary ``gpu_validation_cuda.md`` (machine, driver,
 CUDA, torch; each step's command, status, duration and key figures) rendered from
 ``gpu_validation_cuda.json``. A later run of some steps replaces theirs in that record and keeps
@@ -82,7 +82,7 @@ from yoso_cuda.build import cuda_toolkit
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
 SUMMARY = "gpu_validation_cuda"
-STEP_ROWS = "table3"  # the step's attentions (lra.bench train --attentions): the twelve rows of the YOSO paper's Table 3
+STEP_ROWS = "table3"  # the step's attentions (lra.bench step --attentions): the twelve rows of the YOSO paper's Table 3
 STEP_SUM_TARGET_MS = 60.0  # issue 56: the twelve rows' compiled ListOps steps together within this on an H100
 STEP_TARGET_MS = 3.0  # issue 38: the none ListOps step (and an evaluation batch) within this on an H100/H200
 CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
@@ -245,8 +245,8 @@ def plan(
             [
                 python,
                 "-c",
-                # two grids into one train_cuda.csv: eager, then compiled with CUDA graphs (its own rows)
-                "import sys; from lra.bench.train import main; "
+                # two grids into one step_cuda.csv: eager, then compiled with CUDA graphs (its own rows)
+                "import sys; from lra.bench.step import main; "
                 "common = ['--device', 'cuda', '--tasks', 'listops', '--attentions', sys.argv[1], '--steps', '20', "
                 "'--warmup', '5', '--profile', '--quiet', '--out', sys.argv[2]]; "
                 "sys.exit(main(common) or main(common + ['--compile', '--compile-mode', 'reduce-overhead']))",
@@ -459,7 +459,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def step_figures(out: Path) -> tuple[list[str], bool]:
     """The ListOps rows of the step: train and evaluation ms, device busy ms, kernels; whether none meets the target."""
-    rows = [r for r in read_csv(out / "train_cuda.csv") if r["task"] == "listops" and r.get("data_loading") == "False"]
+    rows = [r for r in read_csv(out / "step_cuda.csv") if r["task"] == "listops" and r.get("data_loading") == "False"]
     rows = [r for r in rows if r["attention"] in TABLES[STEP_ROWS].presets and r["seq_len"] == "2048"]
     figures, met = [], True
     for r in rows:
@@ -481,7 +481,7 @@ def step_figures(out: Path) -> tuple[list[str], bool]:
             f"none step <= {STEP_TARGET_MS} ms: {'met' if met else 'NOT met'} (best: {best['step_ms']} ms step, "
             f"{best.get('eval_ms')} ms evaluation, {'compiled' if best['compiled'] == 'True' else 'eager'}; back to back, as "
             f"lra.train's loop: {best.get('loop_ms') or '?'} and {best.get('eval_loop_ms') or '?'} ms); "
-            "profiles in train_cuda_profile/"
+            "profiles in step_cuda_profile/"
         )
     compiled = {r["attention"]: float(r["step_ms"]) for r in rows if r["compiled"] == "True" and r["status"] == "ok"}
     if len(compiled) == len(TABLES[STEP_ROWS].presets):
@@ -494,7 +494,7 @@ def step_figures(out: Path) -> tuple[list[str], bool]:
     return figures, bool(floor)
 
 
-OUTPUTS = {"kernels": "kernels_cuda.csv", "efficiency": "efficiency_cuda.csv", "step": "train_cuda.csv"}
+OUTPUTS = {"kernels": "kernels_cuda.csv", "efficiency": "efficiency_cuda.csv", "step": "step_cuda.csv"}
 
 
 def figures_for(name: str, log: str, out: Path, train_dir: Path, since: float | None = None) -> tuple[list[str], bool]:

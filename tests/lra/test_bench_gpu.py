@@ -180,7 +180,7 @@ def test_the_summary_holds_each_steps_status_duration_and_key_figures(tmp_path):
 
 def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_against_their_targets(tmp_path):
     from lra.bench.output import write_csv
-    from lra.bench.train import FIELDS
+    from lra.bench.step import FIELDS
     from lra.paper import TABLES
 
     def row(attention, compiled, step_ms, eval_ms):
@@ -192,13 +192,13 @@ def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_agains
         values.update(loop_ms=round(step_ms * 0.7, 2), eval_loop_ms=round(eval_ms * 0.5, 2))
         return values
 
-    write_csv([row("none", False, 6.1, 2.0), row("softmax", False, 20.0, 5.0)], tmp_path / "train_cuda.csv", FIELDS)
+    write_csv([row("none", False, 6.1, 2.0), row("softmax", False, 20.0, 5.0)], tmp_path / "step_cuda.csv", FIELDS)
     figures, holds = gpu.step_figures(tmp_path)
     assert holds and figures[0].startswith(
         "none eager: step 6.1 ms (4.27 back to back), evaluation batch 2.0 ms (1.0 back to back), device busy 0.4 ms in 12"
     )
     assert "none step <= 3.0 ms: NOT met" in figures[-1]
-    write_csv([row("none", False, 6.1, 2.0), row("none", True, 2.5, 1.0)], tmp_path / "train_cuda.csv", FIELDS)
+    write_csv([row("none", False, 6.1, 2.0), row("none", True, 2.5, 1.0)], tmp_path / "step_cuda.csv", FIELDS)
     figures, _ = gpu.step_figures(tmp_path)
     assert (
         "none compiled reduce-overhead: step 2.5 ms" in figures[1]
@@ -207,7 +207,7 @@ def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_agains
     )
     assert gpu.step_figures(tmp_path / "nothing") == ([], False)
     twelve = TABLES["table3"].presets
-    write_csv([row(name, True, 4.0 + i, 1.0) for i, name in enumerate(twelve)], tmp_path / "train_cuda.csv", FIELDS)
+    write_csv([row(name, True, 4.0 + i, 1.0) for i, name in enumerate(twelve)], tmp_path / "step_cuda.csv", FIELDS)
     figures, _ = gpu.step_figures(tmp_path)
     assert figures[-1] == (
         f"the twelve rows' compiled steps sum to 114.0 ms (target 60 ms on an H100: NOT met); slowest {twelve[-1]} 15.00 ms"
@@ -276,7 +276,7 @@ def test_kernels_that_did_not_build_skip_the_steps_that_test_or_time_them(tmp_pa
     reason = saved["tests"]["figures"][0]
     assert reason.startswith("the CUDA kernels did not build or are unsafe (check, gpu_validation_cuda/check.log)")
     assert saved["kernels"]["figures"] == [reason] and saved["kernels"]["earlier"] == earlier.__dict__
-    assert saved["step"]["figures"] == ["wrote no train_cuda.csv"]  # it ran: none and softmax need no kernels
+    assert saved["step"]["figures"] == ["wrote no step_cuda.csv"]  # it ran: none and softmax need no kernels
 
     # A check that fails on a wrong result, with the kernels built, still lets the tests show where.
     steps = [gpu.Step("check", [sys.executable, "-c", "print('cuda  lsh_cumulation  FAIL  max |error| 1'); exit(1)"], 60)]
@@ -298,7 +298,7 @@ def test_an_output_older_than_its_step_is_not_read_as_the_steps_result(tmp_path)
 
 WRITES = """from pathlib import Path; import sys; out = Path(sys.argv[1])
 (out / 'kernels_cuda.csv').write_text('method,time_ms\\nyoso_32,1.5\\n')
-(out / 'train_cuda_profile').mkdir(); (out / 'train_cuda_profile' / 'none.txt').write_text('a profile')
+(out / 'step_cuda_profile').mkdir(); (out / 'step_cuda_profile' / 'none.txt').write_text('a profile')
 (out / 'last.ckpt').write_text('a checkpoint'); (out / 'old.csv').touch()"""
 LISTS = """import sys, tarfile, time; print(sorted(tarfile.open(sys.argv[1]).getnames()), flush=True); time.sleep(600)"""
 
@@ -335,7 +335,7 @@ def test_the_archive_after_every_step_holds_what_the_run_wrote_relative_to_out(t
         "gpu_validation_cuda/check.log",
         "kernels_cuda.csv",
         "old.csv",
-        "train_cuda_profile/none.txt",
+        "step_cuda_profile/none.txt",
     ]
     tests_log = (out / "gpu_validation_cuda" / "tests.log").read_text()
     assert str(first) in tests_log, "the archive, as the next step found it, held the first step's files"
@@ -348,7 +348,7 @@ def test_the_archive_after_every_step_holds_what_the_run_wrote_relative_to_out(t
         assert sorted(opened.getnames()) == sorted([*first, "gpu_validation_cuda/tests.log"])
         opened.extractall(home, filter="data")
     assert (home / "kernels_cuda.csv").read_text() == "method,time_ms\nyoso_32,1.5\n"
-    assert (home / "train_cuda_profile" / "none.txt").read_text() == "a profile"
+    assert (home / "step_cuda_profile" / "none.txt").read_text() == "a profile"
     assert (home / "gpu_validation_cuda" / "tests.log").read_text() == tests_log
     record = json.loads((home / "gpu_validation_cuda.json").read_text())
     assert {name: step["status"] for name, step in record["steps"].items()} == {

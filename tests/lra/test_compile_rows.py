@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from tiny_listops import TINY
 
 from lra import config
-from lra.bench.train import TrainingStep
+from lra.bench.step import TrainingStep
 from lra.datamodule import LRADataModule
 from lra.module import LRAClassificationModule, compile_model
 from lra.paper import TABLE3

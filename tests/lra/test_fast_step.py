@@ -180,7 +180,7 @@ def test_adamw_is_fused_where_every_parameter_is_a_floating_cuda_tensor_and_torc
 
 def run_steps(lra_module, steps, seed=0):
     """``steps`` training steps of the bench's TrainingStep (the module's own optimisation) on random ListOps batches."""
-    from lra.bench.train import TrainingStep
+    from lra.bench.step import TrainingStep
 
     step = TrainingStep(lra_module, "32")
     generator = torch.Generator().manual_seed(seed)

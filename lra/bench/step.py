@@ -6,7 +6,7 @@ task's paper model and length (``python -m lra.train task=<task> experiment=pape
 of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, each at its protocol's batch, learning
 rate and schedule), or at the lengths ``--seq-len`` gives::
 
-    python -m lra.bench train [--tasks listops text ...] [--attentions none,softmax,yoso_32 ... | table3]
+    python -m lra.bench step [--tasks listops text ...] [--attentions none,softmax,yoso_32 ... | table3]
         [--seq-len paper 8192 ...] [--steps 3] [--warmup 1] [--precision 32|bf16-mixed]
         [--compile [--compile-mode reduce-overhead]] [--profile] [--batch N] [--device cpu|cuda] [--out results]
 
@@ -26,7 +26,7 @@ with :func:`lra.module.compile_model`, as ``trainer.compile=true`` does, in Indu
 ``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
 
 ``--profile``: after a cell's timing, :data:`PROFILED_STEPS` more steps under ``torch.profiler``, written to
-``<out>/train_<device type>_profile/<task>_n<n>_<attention>[_data_loading]_<variant>.txt``: per phase of the step
+``<out>/step_<device type>_profile/<task>_n<n>_<attention>[_data_loading]_<variant>.txt``: per phase of the step
 (zero_grad, forward, backward, optimizer, schedule) the host's milliseconds and, on a GPU, the kernels launched and
 their device milliseconds, then the profiler's table of operators. The row gets ``device_ms`` (the device's busy
 time per step, kernels and copies) and ``kernels`` (launched per step): a step far longer than its ``device_ms``
@@ -63,7 +63,7 @@ address-space limit on a CPU as ``lra.bench efficiency``. ``ratio_to_none``: a r
 (no token mixing: the step's floor) of the same task and length without data loading.
 
 A cell that runs out of memory or fails is recorded as ``out_of_memory`` or ``failed`` with its error, and the grid
-goes on. Rows go to ``<out>/train_<device type>.csv`` (rewritten after every cell, so an interrupted run keeps what it
+goes on. Rows go to ``<out>/step_<device type>.csv`` (rewritten after every cell, so an interrupted run keeps what it
 measured) with a figure of step time and memory beside it. A run replaces the rows of the cells it measures (task,
 length, attention, data loading, precision, compilation) and keeps the file's other rows, so a part of the grid, or
 another precision or ``--compile``, is measured into the same file; ratios are to ``none`` of the same variant.
@@ -486,7 +486,7 @@ def measure_cell(
         name = f"{cfg.task.name}_n{seq_len}_{entry.row}{loading}_{variant}".replace("-", "_")
         title = f"{cfg.task.name} n={seq_len} {entry.row}{' + data loading' if data_loading else ''}, batch {batch}, "
         title += f"{variant}, on {device_name(device)}"
-        path = args.out / f"train_{device.type}_profile" / f"{name}.txt"
+        path = args.out / f"step_{device.type}_profile" / f"{name}.txt"
         device_ms, kernels = profile_steps(step, next_batch, device, path, title)
     return {
         "times": times,
@@ -579,7 +579,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
         "steps": args.steps,
         "warmup": args.warmup,
     }
-    path = args.out / f"train_{device.type}.csv"
+    path = args.out / f"step_{device.type}.csv"
     rows = read_rows(path)  # earlier runs' cells stay, those measured again are replaced
     cells = list(grid(args, selected))
     progress = tqdm(cells, desc="train", unit="cell", disable=args.quiet)
@@ -711,7 +711,7 @@ def attention_rows(values: list[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m lra.bench train",
+        prog="python -m lra.bench step",
         description=__doc__.split("\n\n")[0],
         epilog=(
             f"Noise: a cell whose timed steps spread more than {SPREAD_BOUND:.0%} of their median ((max - min) / median) "
@@ -758,11 +758,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help=f"profile {PROFILED_STEPS} more steps per cell: <out>/train_<device>_profile/<cell>.txt, device_ms and kernels",
+        help=f"profile {PROFILED_STEPS} more steps per cell: <out>/step_<device>_profile/<cell>.txt, device_ms and kernels",
     )
     add_memory_limit_argument(parser)
     parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="folder for train_<device>.csv and .png (default: results/ here)"
+        "--out", type=Path, default=RESULTS, help="folder for step_<device>.csv and .png (default: results/ here)"
     )
     parser.add_argument("--list", action="store_true", help="print the attentions and the tasks' settings and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-cell lines")
