@@ -327,7 +327,7 @@ MUTANTS = [
     # The table's rules.
     Mutant(
         "listops_split_strict",
-        "lra/table.py",
+        "lra/table/cells.py",
         "a ListOps mean of exactly 28% counts below the split",
         'side = (cells["mean"] >= LISTOPS_SPLIT) == (cells["paper"] >= LISTOPS_SPLIT)',
         'side = (cells["mean"] > LISTOPS_SPLIT) == (cells["paper"] >= LISTOPS_SPLIT)',
@@ -335,7 +335,7 @@ MUTANTS = [
     ),
     Mutant(
         "standard_error_not_over_sqrt_k",
-        "lra/table.py",
+        "lra/table/cells.py",
         "a cell's standard error over seeds is their standard deviation, not std / sqrt(k)",
         'cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(',
         'cells["standard_error"] = (cells["std"]).where(',
@@ -343,7 +343,7 @@ MUTANTS = [
     ),
     Mutant(
         "best_without_margin",
-        "lra/table.py",
+        "lra/table/cells.py",
         "the best mean is bold however little it beats the next row by",
         'best = (by_task.cumcount() == 0) & (ranked["mean"] - runner_up["mean"] > BEST_MARGIN * noise)',
         'best = (by_task.cumcount() == 0) & (ranked["mean"] - runner_up["mean"] > 0)',
@@ -351,7 +351,7 @@ MUTANTS = [
     ),
     Mutant(
         "spearman_from_two_rows",
-        "lra/table.py",
+        "lra/table/cells.py",
         "Spearman's rho is given from two rows",
         "    if len(ours) < MIN_RANKED_ROWS:\n        return math.nan",
         "    if len(ours) < 2:\n        return math.nan",
@@ -359,15 +359,15 @@ MUTANTS = [
     ),
     Mutant(
         "seeds_pooled_across_configurations",
-        "lra/table.py",
+        "lra/table/cells.py",
         "runs of different configurations are one run when their seed and status agree",
-        'return runs.drop_duplicates(subset=["config_hash", ',
+        'return runs.drop_duplicates(subset=["config_hash", "setting", ',
         "return runs.drop_duplicates(subset=[",
         TABLE,
     ),
     Mutant(
         "average_with_missing_tasks",
-        "lra/table.py",
+        "lra/table/sections.py",
         "a row's average is taken over the tasks it has, not only when it has all five",
         'return None if any(c is None for c in cells) else sum(c["mean"] for c in cells) / len(TASKS)',
         "cells = [c for c in cells if c is not None]\n"

@@ -1,0 +1,5 @@
+"""``python -m lra.table``: the command line of :func:`lra.table.main`."""
+
+from . import main
+
+main()
