@@ -19,7 +19,6 @@ synchronisation and their memory accesses, not their speed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import subprocess
 from collections import Counter
@@ -96,7 +95,6 @@ def _asan_is_loaded() -> bool:
     return "libasan" in Path("/proc/self/maps").read_text()
 
 
-@functools.cache
 def build(
     source: Path = CUDA_SOURCE,
     *,
@@ -108,8 +106,20 @@ def build(
     """Rewrite ``source``, compile it with the runtime (cached by torch's extension builder), load it.
 
     The ops take the schemas of yoso_cuda's ops of the same names, unless ``schemas`` gives them
-    (``"name(Tensor x) -> Tensor"``, for sources that are not yoso_cuda's kernels).
+    (``"name(Tensor x) -> Tensor"``, for sources that are not yoso_cuda's kernels). One build per source,
+    sanitizer, namespace and schemas in a process, however the call spells them: its ops can be
+    registered only once.
     """
+    key = (Path(source).resolve(), sanitize, namespace, schemas)
+    if key not in _BUILDS:
+        _BUILDS[key] = _build(*key, verbose=verbose)
+    return _BUILDS[key]
+
+
+_BUILDS: dict[tuple, Emulator] = {}
+
+
+def _build(source: Path, sanitize: bool, namespace: str | None, schemas: tuple[str, ...] | None, *, verbose: bool) -> Emulator:
     from torch.utils import cpp_extension
 
     from .. import ops as yoso_ops
