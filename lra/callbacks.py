@@ -150,7 +150,7 @@ class CheckpointOnInterrupt(Callback):
 
     Lightning's own ``OnExceptionCheckpoint`` does the same saving, but its presence makes every
     ``fit`` without a checkpoint resume from "last" on its own, which would bypass the run's own
-    decision (lra.train resumes only a run of the same configuration)."""
+    decision (lra.run resumes only a run of the same configuration)."""
 
     def __init__(self, dirpath: str, filename: str = "last") -> None:
         self.path = Path(dirpath) / f"{filename}.ckpt"

@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import csv
 import io
+import itertools
 import json
 import logging
 import math
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config, run_lock, signals
+from .run import checked_and_hashed
 
 log = logging.getLogger("lra.campaign")
 
@@ -117,7 +119,7 @@ class Cell:
     name: str  # "task / row / seed N"
     overrides: list[str]  # what `python -m lra.train` runs it with
     folder: str  # its run folder, absolute
-    config_hash: str  # lra.train's: how a finished or committed run of it is recognised
+    config_hash: str  # its run's (lra.run.checked_and_hashed): how a finished or committed run of it is recognised
     task: str
     max_steps: int
     num_workers: int  # the configuration's; a campaign gives a cell at most this many
@@ -151,19 +153,29 @@ def check_overrides(overrides: list[str]) -> None:
 def sweep_cells(overrides: list[str]) -> list[list[str]]:
     """The overrides of each cell of ``python -m lra.train -m OVERRIDES``: the experiment's ``hydra.sweeper.params``
     first, then the command line's overrides (a key given on both: the command line's, in the params' place), crossed
-    as Hydra's basic sweeper crosses them; then ordered by seed, the sweep's order within a seed."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    as Hydra's basic sweeper crosses them; then ordered by seed, the sweep's order within a seed.
+
+    Hydra parses the overrides (its public ``OverridesParser``); the crossing is written here, as the basic sweeper
+    does it, because Hydra offers it only in its private ``hydra._internal``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     parser = OverridesParser.create()
-    parsed = parser.parse_overrides(overrides)
-    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    plain = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
     master = compose(plain)
     params = master.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=True) if params else {}
     arguments = [f"{key}={value}" for key, value in params.items()] + list(overrides)
-    (cells,) = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    choices: dict[str, list[str]] = {}  # each key's settings, in the order its key first appears; a later one replaces
+    for override in parser.parse_overrides(arguments):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            choices[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise CampaignError(f"{override.input_line}: a campaign sweeps lists and ranges, not intervals; list the values")
+    cells = [list(cell) for cell in itertools.product(*choices.values())]
     return sorted(cells, key=seed_of)  # stable: every row of the first seed, then the next seed's
 
 
@@ -181,22 +193,6 @@ def compose(overrides: list[str]):
         raise CampaignError(f"the overrides {' '.join(overrides)} do not compose: {first}") from None
 
 
-def checked_and_hashed(cfg: Any) -> tuple[Any, str]:
-    """A composed cell's configuration as ``lra.train`` checks it (a ValueError where it refuses it) and the hash its
-    run records, by which a finished or committed run of it is recognised. The protocol adjustments are the cell's
-    run's to log, not logged here."""
-    from . import train
-    from .results import CLASSIFICATION, config_hash
-
-    quiet = logging.getLogger("lra.train")
-    level, quiet.level = quiet.level, logging.ERROR
-    try:
-        checked, _ = train.checked(cfg, CLASSIFICATION)
-    finally:
-        quiet.setLevel(level)
-    return checked, config_hash(train.defining_config(checked))
-
-
 def plan_cell(index: int, overrides: list[str]) -> tuple[Cell, dict[str, Any]]:
     """The cell and its resolved ``task.data`` (for preparing its data once), composed as ``lra.train`` composes it."""
     from hydra.core.hydra_config import HydraConfig
@@ -206,8 +202,7 @@ def plan_cell(index: int, overrides: list[str]) -> tuple[Cell, dict[str, Any]]:
     HydraConfig.instance().set_config(cfg)  # the run folder's ${hydra:...} interpolations
     folder = Path(str(cfg.hydra.run.dir)).absolute()
     choices = cfg.hydra.runtime.choices
-    changes = [o for o in cfg.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~").startswith("attention.")]
-    row = " ".join([choices["attention"], *sorted(changes)])  # as lra.train names the table row
+    row = config.row_name(choices["attention"], cfg.hydra.overrides.task)
     try:
         checked, digest = checked_and_hashed(cfg)
     except ValueError as error:
@@ -359,7 +354,7 @@ def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tup
             continue
         record = results.read(path)
         if record and record.status == "finished" and record.stage is None and record.config_hash in hashes:
-            if not results.config_hash_problem(record):  # a stored hash is a claim (lra.train.finished_record)
+            if not results.config_hash_problem(record):  # a stored hash is a claim (lra.run.finished_record)
                 found.setdefault(record.config_hash, path)
     committed: dict[str, Path] = {}
     for path in sorted(runs_dir.glob("*.json")) if runs_dir.is_dir() else []:
@@ -989,7 +984,7 @@ def restore_cell(folder: Path, files: dict[str, bytes]) -> str:
     """Put an unfinished cell's carried files into its run folder, where the next ``start`` resumes it; unless the
     folder already holds a run as far along (its last.ckpt at the same step or later, or finished)."""
     from .results import RESULTS_FILE, RunRecord, read
-    from .train import checkpoint_step
+    from .run import UNREADABLE_CHECKPOINT, checkpoint_step
 
     if "checkpoints/last.ckpt" not in files:
         carried = json.loads(files.get("results.json", b"{}"))
@@ -999,16 +994,20 @@ def restore_cell(folder: Path, files: dict[str, bytes]) -> str:
             folder.mkdir(parents=True, exist_ok=True)
             RunRecord.from_dict(carried).write(folder / RESULTS_FILE)
         return f"  {folder}: diverged (its record restored; start leaves it)"
-    with tempfile.TemporaryDirectory() as scratch:  # the carried checkpoint's step, read as lra.train reads it
+    with tempfile.TemporaryDirectory() as scratch:  # the carried checkpoint's step, read as a resumed run reads it
         carried = Path(scratch) / "last.ckpt"
         carried.write_bytes(files["checkpoints/last.ckpt"])
-        step = checkpoint_step(carried)
-    if step is None:
-        return f"  {folder}: not restored, its carried last.ckpt cannot be read"
+        try:
+            step = checkpoint_step(carried)
+        except UNREADABLE_CHECKPOINT:
+            return f"  {folder}: not restored, its carried last.ckpt cannot be read"
     here = read(folder / RESULTS_FILE)
     if here is not None and here.status == "finished":
         return f"  {folder}: not restored, it holds a finished run"
-    existing = checkpoint_step(folder / "checkpoints" / "last.ckpt")
+    try:
+        existing = checkpoint_step(folder / "checkpoints" / "last.ckpt")
+    except UNREADABLE_CHECKPOINT:  # none yet, or one cut short: the carried one is further along
+        existing = None
     if existing is not None and existing >= step:
         return f"  {folder}: not restored, its own last.ckpt is at step {existing}, the archive's at {step}"
     with run_lock.held(folder):  # no run writes into it meanwhile

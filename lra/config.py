@@ -16,6 +16,12 @@ so an installed copy works from any folder. Python adds:
   (a published table's rows, :mod:`lra.paper`: ``${lra_paper_rows:table3}`` is what
   ``experiment=table3`` sweeps).
 
+It also holds the rules a composed configuration must meet before a run starts (:func:`checked`: the
+seed, the task's lengths, the pretraining objective, the protocols fitted to a shortened run; the
+process count), the one-line refusals of overrides Hydra would refuse in its own words, and the
+name of the table row a run belongs to (:func:`row_name`), which ``lra.train`` and ``lra.campaign``
+both give it.
+
 This module imports ``attention_zoo`` (and so torch) but not Lightning, the model or the data:
 composing a configuration (``--cfg job``, ``--help``) does not pay for what only training needs.
 """
@@ -28,6 +34,7 @@ import hashlib
 import textwrap
 from collections.abc import Iterable
 from importlib import resources
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -37,11 +44,13 @@ from omegaconf import DictConfig, OmegaConf
 import attention_zoo
 
 from . import paper
-from .results import FLOAT32, precision_name
+from .protocol import Protocol
+from .results import CLASSIFICATION, FLOAT32, precision_name
 
 CONFIG_MODULE = "lra.conf"
 CONFIG_NAME = "config"
 MAX_RUN_NAME = 120  # file names are limited to 255 bytes
+PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
 
 
 def run_name(overrides: str, precision: str | int = FLOAT32) -> str:
@@ -164,4 +173,99 @@ def unknown_option(overrides: Iterable[str]) -> str | None:
                 hint = f"did you mean {close[0]}? " if close else ""
                 what = "an attention" if group == "attention" else f"an option of {group}"
                 return f"{group}={name} is not {what}; {hint}The choices: {', '.join(choices)}"
+    return None
+
+
+def row_name(attention_choice: str, overrides: Iterable[str]) -> str:
+    """The table row a run belongs to: its ``attention=`` choice (a row of ``conf/attention/``, or a registered name)
+    and every command-line change to it (``attention.*`` overrides, sorted, so that their order does not matter)."""
+    changes = [o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith("attention.")]
+    return " ".join([attention_choice, *sorted(changes)])
+
+
+def fitted_protocol(cfg: DictConfig, section: str) -> tuple[DictConfig, dict[str, dict[str, Any]]]:
+    """``cfg`` with its ``<section>.protocol`` checked and fitted to a shortened run (:meth:`Protocol.fitted`): a new
+    config (``cfg`` is left as composed) and what was adjusted (the run logs it)."""
+    protocol = Protocol.checked(OmegaConf.to_container(cfg[section].protocol, resolve=True))
+    adjusted = protocol.fitted()
+    changes = {key: change["to"] for key, change in adjusted.items()}
+    return OmegaConf.merge(cfg, {section: {"protocol": changes}}), adjusted
+
+
+def check_task(task: DictConfig) -> None:
+    """Validate the task's lengths before any data is read: the model's ``seq_len`` and the tokens
+    ``data.max_length`` keeps per sequence, which must fit in it (nothing is cut silently)."""
+    for key in ("seq_len", "data.max_length"):
+        value = OmegaConf.select(task, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"task.{key} must be a positive whole number of tokens, got {value!r}")
+    if task.data.max_length > task.seq_len:
+        raise ValueError(
+            f"task.seq_len={task.seq_len} is shorter than task.data.max_length={task.data.max_length}, so the model "
+            f"would not see the end of the longer sequences; set task.seq_len to at least {task.data.max_length} "
+            f"or task.data.max_length to at most {task.seq_len}"
+        )
+
+
+def checked(cfg: DictConfig, stage: str) -> tuple[DictConfig, dict[str, dict[str, Any]]]:
+    """``cfg`` validated and its protocols fitted to the run's steps (a new config) and what was adjusted: the
+    task's protocol, then the pretraining's where this classification stage has one (it defaults to the task's),
+    its keys prefixed ``pretrain.``."""
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
+        raise ValueError(f"seed={cfg.seed} is not a seed: it takes a whole number (seed=0, seed=1, ...)")
+    check_task(cfg.task)
+    if cfg.pretrain.objective not in PRETRAINING_OBJECTIVES:
+        raise ValueError(f"pretrain.objective must be one of {', '.join(PRETRAINING_OBJECTIVES)}, got {cfg.pretrain.objective!r}")
+    cfg, adjusted = fitted_protocol(cfg, "task")
+    if stage == CLASSIFICATION and cfg.pretrain.objective != "none":
+        cfg, pretraining = fitted_protocol(cfg, "pretrain")
+        adjusted.update({f"pretrain.{key}": change for key, change in pretraining.items()})
+    return cfg, adjusted
+
+
+def processes(trainer_cfg: DictConfig) -> int:
+    """How many training processes the trainer config asks for (devices x nodes)."""
+    devices = trainer_cfg.devices
+    if isinstance(devices, str) or (isinstance(devices, int) and devices < 1):
+        raise ValueError(f"trainer.devices must be a device count or a list of devices, got {devices!r}")
+    per_node = devices if isinstance(devices, int) else len(devices)
+    return per_node * trainer_cfg.get("num_nodes", 1)
+
+
+def unknown_hparam_overrides(overrides: list[str]) -> str | None:
+    """The error for ``attention.hparams.KEY=VALUE`` overrides whose KEY the chosen attention(s) lack.
+
+    Hydra would refuse them with "Key 'KEY' is not in struct" and no list of what is valid; this
+    names the attention and its hyperparameters with their defaults (attention_zoo's message)."""
+    plain = [o.split("=", 1)[0] for o in overrides if o.startswith("attention.hparams.") and "=" in o]
+    if not plain:
+        return None
+    choices = [o.split("=", 1)[1] for o in overrides if o.startswith("attention=")]
+    for choice in choices[-1].split(",") if choices else [None]:
+        try:
+            cfg = compose([f"attention={choice}"] if choice else [])
+        except Exception:  # an unknown attention, say: Hydra's own run reports it
+            return None
+        unknown = sorted({key.removeprefix("attention.hparams.").split(".")[0] for key in plain} - set(cfg.attention.hparams))
+        if unknown:
+            preset = choice or cfg.attention.name
+            try:
+                attention_zoo.make_config(cfg.attention.name, **dict.fromkeys(unknown))
+            except ValueError as error:
+                return f"attention={preset}: {error}"
+    return None
+
+
+def renamed_model_overrides(overrides: list[str]) -> str | None:
+    """The error for an override of a renamed ``model`` setting, which names the new name (Hydra would say only
+    that the old key is not in struct)."""
+    from .model import ModelConfig  # no Lightning: the model's config only
+
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~").removeprefix("model.")
+        if override.startswith(("model.", "+model.", "~model.")) and key in ModelConfig.RENAMED:
+            try:
+                ModelConfig.from_dict({key: None})
+            except ValueError as error:
+                return str(error)
     return None

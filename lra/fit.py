@@ -1,6 +1,6 @@
 """Train and test one configured run with Lightning: the part of ``python -m lra.train`` that needs the model.
 
-:mod:`lra.train` imports this module only when a run actually trains, so that composing a
+:mod:`lra.run` imports this module only when a run actually trains, so that composing a
 configuration (``--cfg job``, ``--help``) does not pay for Lightning, the model and the data.
 The Trainer's arguments come from ``conf/trainer``, its callbacks from ``conf/callbacks`` and its
 logger from ``conf/logger``; the protocol adds the number of steps and the evaluation schedule.
@@ -40,10 +40,10 @@ from .module import (
     compile_mode,
     compile_model,
     load_pretrained_encoder,
-    read_checkpoint,
 )
 from .protocol import Protocol
 from .results import CLASSIFICATION, PRETRAINING
+from .run import checkpoint_step
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -99,11 +99,6 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
         if isinstance(error.__cause__, ModuleNotFoundError | ImportError):
             raise RuntimeError(f"{what} ({node._target_}) needs a package that is not installed: {error.__cause__}") from None
         raise
-
-
-def checkpoint_step(path: Path) -> int:
-    """The global step a Lightning checkpoint was saved at (read safely: :func:`read_checkpoint`)."""
-    return read_checkpoint(path)["global_step"]
 
 
 HARNESS_SETTINGS = ("compile", "compile_mode")  # trainer.* settings of the harness's, not Trainer arguments

@@ -207,8 +207,8 @@ class LRAModule(pl.LightningModule):
         if not self.hparams.skip_non_finite_steps:
             # Under float16's loss scaling an inf gradient is the scaler's to handle (it skips the step, lowers the scale).
             scaled = getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None) is not None
-            if gradients and self._first_nonfinite_step is not None and not scaled:  # one norm over them all: few kernels
-                self.note_non_finite(torch.isfinite(total_norm(gradients)), self.global_step)
+            if gradients and self._first_nonfinite_step is not None and not scaled:
+                self.note_non_finite(torch.isfinite(largest_magnitude(gradients)), self.global_step)
             return
         if not bool(torch.stack([torch.isfinite(t).all() for t in (self._step_loss, *gradients)]).all()):
             optimizer.zero_grad(set_to_none=True)
@@ -290,11 +290,12 @@ def compile_backend(setting: bool | str) -> str | None:
     )
 
 
-def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of ``tensors`` together, on their device, in a few fused kernels where torch has them."""
+def largest_magnitude(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest ``|x|`` of ``tensors`` together (their inf-norm), on their device, in a few fused kernels where torch
+    has them: infinite or NaN exactly where an entry is, never by overflow (a 2-norm squares large finite entries)."""
     if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
-        return torch.nn.utils.get_total_norm(tensors)
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+        return torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)
+    return torch.stack([torch.linalg.vector_norm(t, ord=math.inf) for t in tensors]).max()
 
 
 def compile_mode(setting: str | None, backend: str | None) -> str | None:

@@ -1,7 +1,7 @@
 """A run's optimisation protocol (``task.protocol``, ``pretrain.protocol``): its fields, their ranges, and how it
 is fitted to a run shortened on the command line.
 
-Kept apart from :mod:`lra.train` and :mod:`lra.module` so that both read one rule without importing Lightning.
+Kept apart from :mod:`lra.config` and :mod:`lra.module` so that both read one rule without importing Lightning.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The per-run ``results.json``: what ran, on what, and how well (:class:`RunRecord`, its schema)."""
+"""The per-run ``results.json``: what ran, on what, and how well (:class:`RunRecord`, its schema), and how a run's
+record is built from its configuration (:func:`new_record`, :func:`record_configuration`, :func:`defining_config`:
+the settings whose hash identifies a run)."""
 
 from __future__ import annotations
 
@@ -12,15 +14,16 @@ import platform
 import resource
 import shutil
 import subprocess
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from functools import cache
 from importlib import resources
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import attention_zoo
 
@@ -262,7 +265,7 @@ RECORD_VERSION = 2
 #: :class:`RunRecord` (every record committed up to issue 29); a record keeps the version it was written with.
 VERSION_KEYS = {1: "schema_version", 2: "record_version"}
 #: The keys that identify a run's configuration (with its seed): a cell of ``lra.table`` pools the runs equal in
-#: every one of them. ``config_hash`` is the hash of the settings they are resolved from (``lra.train``).
+#: every one of them. ``config_hash`` is the hash of the settings they are resolved from (:func:`defining_config`).
 CONFIGURATION_KEYS = ("task", "attention", "attention_hparams", "model", "protocol", "seq_len", "data", "pretrain", "precision")
 #: The keys that describe only the machine a run ran on, its paths: ``data.*`` ones are never recorded (a task's
 #: data settings without them), the others are left out of a committed record (``lra.table --collect``). The
@@ -404,7 +407,7 @@ RECORD_KEYS = tuple(f.name for f in fields(RunRecord) if f.name not in ("record_
 
 
 def recomputed_config_hash(record: RunRecord) -> str | None:
-    """The config hash of the configuration ``record`` keeps, recomputed (lra.train's ``defining_config`` from the
+    """The config hash of the configuration ``record`` keeps, recomputed (:func:`defining_config` from the
     record's keys); None for a record that keeps too little of it to tell (one of before the data and the sequence
     length were recorded). A stored ``config_hash`` is a claim: this is what it must equal."""
     if record.task is None or record.seq_len is None or record.data is None or record.protocol is None:
@@ -446,3 +449,48 @@ def read(path: Path) -> RunRecord | None:
 def recorded_data(data: dict[str, Any]) -> dict[str, Any]:
     """What a record keeps of a task's data settings: every setting but the machine's paths."""
     return {key: value for key, value in data.items() if f"data.{key}" not in MACHINE_KEYS}
+
+
+def defining_config(cfg: DictConfig, stage: str = CLASSIFICATION) -> dict[str, Any]:
+    """The settings that determine a run's result (not where it writes or on which device)."""
+    defining = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("task", "attention", "model", "pretrain")}
+    defining["seed"] = cfg.seed
+    defining["precision"] = precision_name(cfg.trainer.precision)  # bf16 changes the numbers
+    return {**defining, "stage": stage} if stage == PRETRAINING else defining
+
+
+def new_record(cfg: DictConfig, row: str | None, stage: str) -> RunRecord:
+    """The record of a run about to start: what is known before its configuration is checked."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return RunRecord(
+        task=cfg.task.name,
+        attention=cfg.attention.name,
+        row=row or cfg.attention.name,
+        # The command line's, where Hydra ran the run (not in a direct call of lra.run.train()).
+        overrides=list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None,
+        seed=cfg.seed,
+        git_commit=git_commit(),
+        torch_version=torch.__version__,
+        lightning_version=version("pytorch-lightning"),
+        started_at=now(),
+        status="running",
+        stage=stage if stage == PRETRAINING else None,
+    )
+
+
+def record_configuration(record: RunRecord, cfg: DictConfig, stage: str) -> None:
+    """Record the checked configuration of ``cfg``'s run: its attention's hyperparameters, protocol, model, data and
+    the hash that identifies it."""
+    defining = defining_config(cfg, stage)
+    hparams = OmegaConf.to_container(cfg.attention.hparams, resolve=True)
+    record.update(
+        attention_hparams=asdict(attention_zoo.make_config(cfg.attention.name, **hparams)),
+        protocol=defining["task"]["protocol"],
+        model=defining["model"],
+        pretrain=defining["pretrain"],
+        seq_len=defining["task"]["seq_len"],
+        data=recorded_data(defining["task"]["data"]),
+        precision=defining["precision"],
+        config_hash=config_hash(defining),
+    )

@@ -73,16 +73,14 @@ def finished(record: results.RunRecord | None) -> bool:
 
 def finished_elsewhere(config: DictConfig, folder: Path) -> Path | None:
     """The record of a finished run of the job's configuration in another folder under the output folder, or
-    committed: where ``lra.train`` found it when it skipped the job (its configuration hashed as ``lra.train`` does)."""
-    from .campaign import checked_and_hashed
-    from .train import committed_run
-    from .train import finished_elsewhere as finished_under_outputs
+    committed: where the run found it when it skipped the job (:mod:`lra.run`, its configuration hashed as the run hashes it)."""
+    from . import run
 
     try:
-        checked, digest = checked_and_hashed(config)
+        checked, digest = run.checked_and_hashed(config)
     except ValueError:  # refused: the job recorded why in its folder
         return None
-    return finished_under_outputs(checked, digest, folder) or committed_run(checked, digest)
+    return run.finished_elsewhere(checked, digest, folder) or run.committed_run(checked, digest)
 
 
 def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:

@@ -302,7 +302,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume_any_configuration",
-        "lra/train.py",
+        "lra/run.py",
         "a last.ckpt left by another configuration in the run's folder is taken for the run's own, not started afresh",
         "if not last.is_file() or (previous is not None and previous.config_hash != record.config_hash):",
         "if not last.is_file():",

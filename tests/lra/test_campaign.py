@@ -42,6 +42,19 @@ def test_a_campaign_plans_the_sweep_of_its_experiment_whole_seeds_first():
     assert [dataset["data"]["generator"]["num_train"] for dataset in datasets] == [96000]  # one data set, paper-size
 
 
+def test_a_campaign_crosses_the_experiments_sweep_with_the_command_lines_as_hydras_sweeper_does():
+    """The experiment's sweep first, a key the command line sweeps too in its place, every combination, ordered seed
+    by seed: the cells ``python -m lra.train -m`` runs, planned with Hydra's public override parser."""
+    cells = campaign.sweep_cells(["experiment=table3_cpu", "attention=softmax,none", "seed=range(0,2)", "task.protocol.lr=1e-3"])
+    assert cells == [
+        ["task=listops", f"attention={row}", f"seed={seed}", "experiment=table3_cpu", "task.protocol.lr=0.001"]
+        for seed in (0, 1)
+        for row in ("softmax", "none")
+    ]
+    with pytest.raises(CampaignError, match=r"task.protocol.lr=interval\(0.1,1\): a campaign sweeps lists and ranges"):
+        campaign.sweep_cells(["task.protocol.lr=interval(0.1,1)"])
+
+
 def test_a_cells_hash_is_the_one_lra_train_recorded():
     """A campaign knows a committed run by lra.train's configuration hash: the committed table3_cpu records are found."""
     cells, _, _ = campaign.make_plan(["experiment=table3_cpu", "attention=softmax,yoso_32", "seed=0"])

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 import attention_zoo
 from lra import config, results
 from lra.module import LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model
-from lra.train import defining_config
+from lra.results import defining_config
 
 SEQ_LEN, BATCH = 64, 2
 MODEL = {"depth": 1}  # graph breaks are per layer: one shows them all

@@ -11,9 +11,10 @@ from omegaconf import OmegaConf
 
 import attention_zoo
 from lra import config, paper
+from lra.config import checked
 from lra.protocol import Protocol
 from lra.results import CLASSIFICATION
-from lra.train import checked, pretraining_stage
+from lra.run import pretraining_stage
 
 PRESETS = config.attention_rows()
 
@@ -37,6 +38,13 @@ def test_every_preset_lists_every_hyperparameter_so_each_can_be_overridden(prese
     overrides = [f"attention.hparams.{key}={yaml_value(value)}" for key, value in cfg.attention.hparams.items()]
     again = composed(f"attention={preset}", *overrides)
     assert again.attention.hparams == cfg.attention.hparams
+
+
+def test_a_runs_table_row_is_its_attention_and_its_changes_to_it_in_any_order():
+    overrides = ["seed=1", "attention.hparams.num_hash=8", "task=listops", "+attention.hparams.extra=1"]
+    expected = "yoso_32 +attention.hparams.extra=1 attention.hparams.num_hash=8"
+    assert config.row_name("yoso_32", overrides) == config.row_name("yoso_32", overrides[::-1]) == expected
+    assert config.row_name("softmax", ["seed=1"]) == "softmax"
 
 
 def test_the_readme_override_of_softmax_dropout():

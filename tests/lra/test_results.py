@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 import attention_zoo
 from lra import config, results
-from lra.results import CLASSIFICATION, RunRecord
-from lra.train import checked, defining_config
+from lra.config import checked
+from lra.results import CLASSIFICATION, RunRecord, defining_config
 
 REPO = Path(__file__).resolve().parents[2]
 

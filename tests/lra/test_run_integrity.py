@@ -16,21 +16,21 @@ from test_train import results_files
 
 from lra import config, results, table
 from lra.callbacks import AtomicCheckpointIO, RunIdentity
-from lra.results import CLASSIFICATION, PRETRAINING, DiskFull, RunRecord
-from lra.train import (
+from lra.config import checked
+from lra.results import CLASSIFICATION, PRETRAINING, DiskFull, RunRecord, new_record, record_configuration
+from lra.run import (
+    UNREADABLE_CHECKPOINT,
     EarlierRun,
-    checked,
+    checkpoint_step,
     finished_run,
     last_checkpoint,
-    new_record,
     prepare,
     pretraining_stage,
-    record_configuration,
 )
 
 
 def a_run(tmp_path, *overrides):
-    """The configuration and the record of a run in ``tmp_path / "run"``, as lra.train has them before training."""
+    """The configuration and the record of a run in ``tmp_path / "run"``, as lra.run has them before training."""
     folder = tmp_path / "run"
     folder.mkdir(exist_ok=True)
     composed = config.compose(
@@ -134,6 +134,15 @@ def a_checkpoint(path, step, identity=None):
     path.parent.mkdir(parents=True, exist_ok=True)
     stamp = {"callbacks": {RunIdentity.__qualname__: identity.state_dict()}} if identity else {}
     torch.save({"global_step": step, **stamp}, path)
+
+
+def test_a_checkpoints_step_is_read_and_a_missing_or_damaged_one_raises(tmp_path):
+    a_checkpoint(tmp_path / "last.ckpt", 7)
+    assert checkpoint_step(tmp_path / "last.ckpt") == 7
+    (tmp_path / "cut.ckpt").write_bytes(b"")  # a write cut short
+    for unreadable in (tmp_path / "cut.ckpt", tmp_path / "missing.ckpt"):
+        with pytest.raises(UNREADABLE_CHECKPOINT):
+            checkpoint_step(unreadable)
 
 
 @pytest.mark.parametrize("record_file", ["truncated", "not a record", "missing"])

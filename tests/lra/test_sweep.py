@@ -9,15 +9,15 @@ from hydra.types import RunMode
 from omegaconf import read_write
 from tiny_listops import TINY
 
-from lra import campaign, results, sweep, train
+from lra import campaign, results, run, sweep
 from lra.results import RunRecord
 
 
 def finished_record(path: Path, overrides: list[str], test_acc: float) -> str:
     """Write the record of a finished run of ``overrides``'s configuration, as lra.train records it; its hash."""
-    checked, _ = campaign.checked_and_hashed(campaign.compose(overrides))
+    checked, _ = run.checked_and_hashed(campaign.compose(overrides))
     record = RunRecord(task="listops", attention="softmax", row="softmax", seed=0, status="finished", test_acc=test_acc)
-    train.record_configuration(record, checked, results.CLASSIFICATION)
+    results.record_configuration(record, checked, results.CLASSIFICATION)
     path.parent.mkdir(parents=True, exist_ok=True)
     record.write(path)
     return record.config_hash

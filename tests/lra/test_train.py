@@ -256,10 +256,12 @@ def test_multirun_over_attentions_yields_one_result_each(tmp_path, run_train):
     ids=["same-configuration", "another-configuration", "no-last-checkpoint", "no-earlier-record"],
 )
 def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, earlier, checkpoint, resumes):
-    """lra.train.prepare, in-process: the resume decision that the slow end-to-end tests reach through a killed run.
+    """lra.run.prepare, in-process: the resume decision that the slow end-to-end tests reach through a killed run.
     A last.ckpt in the folder is resumed only when the folder's record is of the same configuration."""
     from lra import results
-    from lra.train import checked, last_checkpoint, new_record, prepare, record_configuration
+    from lra.config import checked
+    from lra.results import new_record, record_configuration
+    from lra.run import last_checkpoint, prepare
 
     cfg, _ = checked(config.compose([f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]), results.CLASSIFICATION)
     record = new_record(cfg, None, results.CLASSIFICATION)
@@ -279,7 +281,9 @@ def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, ear
 
 def test_a_damaged_last_checkpoint_is_named_with_the_fix_before_training(tmp_path):
     from lra import results
-    from lra.train import checked, last_checkpoint, new_record, prepare, record_configuration
+    from lra.config import checked
+    from lra.results import new_record, record_configuration
+    from lra.run import last_checkpoint, prepare
 
     cfg, _ = checked(config.compose([f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]), results.CLASSIFICATION)
     record = new_record(cfg, None, results.CLASSIFICATION)
@@ -628,13 +632,14 @@ def test_a_logger_whose_package_is_missing_is_one_clear_message(tmp_path, run_tr
 def test_a_run_whose_loss_becomes_non_finite_stops_is_recorded_as_diverged_and_is_no_result(tmp_path, run_train, diverges_at):
     """A loss that becomes NaN stops the run with one message and exit status 1; its record says diverged at that step,
     no checkpoint holds a non-finite weight, and the table lists it under its failed runs, never as a cell."""
-    # The tiny model's loss is NaN from step 2 at lr 1e6; from step 5 at 1e5 warmed up slowly, after the evaluation of step 3.
+    # The tiny model diverges from step 2 at lr 1e6; at 1e5 warmed up slowly its gradients from step 4 (its loss from
+    # step 5), after the evaluation of step 3.
     lr, warmup = ("1e6", "2") if diverges_at == "before an evaluation" else ("1e5", "58")
     extra = [f"task.protocol.lr={lr}", "task.protocol.max_steps=60", f"task.protocol.warmup_steps={warmup}"]
     process = run_train(*extra, check=False)
     assert process.returncode == 1
     said = process.stdout + process.stderr
-    assert said.count("training diverged: the loss is not finite from step") == 1 and "Traceback" not in said
+    assert said.count("training diverged: the loss or its gradients are not finite from step") == 1 and "Traceback" not in said
     [path] = (tmp_path / "outputs").rglob("results.json")
     record = json.loads(path.read_text())
     assert record["status"] == "diverged" and record.get("test_acc") is None and isinstance(record["steps"], int)
