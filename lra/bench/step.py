@@ -459,7 +459,7 @@ def measure_cell(
 
         # Dynamo keeps the earlier cells' graphs of the same functions, and past its limit of compilations per function
         # (torch._dynamo.config.recompile_limit, 8) would run this cell eagerly: each cell compiles afresh.
-        torch._dynamo.reset()
+        torch.compiler.reset()
         start = time.perf_counter()
         compile_model(module, mode=args.compile_mode)
         step(next_batch())  # torch.compile compiles on the first call
