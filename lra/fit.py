@@ -262,10 +262,10 @@ def fit_and_test(
         return {}
     with without_known_warnings():
         test_metrics = tester.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    return {**measured(cfg, datamodule, device, compile_with, trained, test_metrics), "compile_mode": mode}
+    return {**tested_run_keys(cfg, datamodule, device, compile_with, trained, test_metrics), "compile_mode": mode}
 
 
-def measured(
+def tested_run_keys(
     cfg: DictConfig,
     datamodule: LRADataModule,
     device: torch.device,

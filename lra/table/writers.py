@@ -92,7 +92,7 @@ def agreement_text(section: Section, task: str, style: Style) -> tuple[str, str]
     return rho_text, ("" if pd.isna(side) else f"{side} of {rows}")
 
 
-def measured(section: Section, row: str, task: str, column: str, digits: int) -> str:
+def cell_mean_text(section: Section, row: str, task: str, column: str, digits: int) -> str:
     """A cell's mean of a measurement its runs recorded (``steps_per_s``, ``peak_memory_mb``); "–" where none did."""
     cell = section.cell(row, task)
     return "–" if cell is None or pd.isna(cell[column]) else f"{cell[column]:.{digits}f}"
@@ -106,7 +106,7 @@ def under_load(section: Section, row: str, task: str) -> bool:
 
 def steps_text(section: Section, row: str, task: str, style: Style) -> str:
     """A cell's training steps per second, marked where one of its runs was timed under load (:data:`LOADED`)."""
-    return measured(section, row, task, "steps_per_s", 2) + (style.loaded if under_load(section, row, task) else "")
+    return cell_mean_text(section, row, task, "steps_per_s", 2) + (style.loaded if under_load(section, row, task) else "")
 
 
 def section_frame(section: Section, style: Style, speed: bool = False) -> pd.DataFrame:
@@ -128,7 +128,7 @@ def section_frame(section: Section, style: Style, speed: bool = False) -> pd.Dat
         columns[label, paper_column] = [number(section.published.number(row, task)) for row in section.rows] + ["", ""]
         if speed and section.has_cells(task):
             columns[label, "steps/s"] = [steps_text(section, row, task, style) for row in section.rows] + ["", ""]
-            columns[label, "MB"] = [measured(section, row, task, "peak_memory_mb", 0) for row in section.rows] + ["", ""]
+            columns[label, "MB"] = [cell_mean_text(section, row, task, "peak_memory_mb", 0) for row in section.rows] + ["", ""]
     averages = [section.average(row) for row in section.rows]
     if any(average is not None for average in averages):
         paper_averages = [pd.Series({task: section.published.number(row, task) for task in TASKS}).mean() for row in section.rows]
