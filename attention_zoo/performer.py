@@ -136,7 +136,12 @@ def positive_random_features(
 
 
 def _stabilised_exponentials(
-    x: torch.Tensor, projection: torch.Tensor, key_mask: torch.Tensor | None, is_query: bool, with_directions: bool
+    x: torch.Tensor,
+    projection: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    is_query: bool,
+    with_directions: bool,
+    real_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(E, directions)`` for ``x`` (b, h, n, d), already scaled: E = exp(W x - |x|^2/2 - c) (b, h, n, m), the
     features of :func:`positive_random_features` before their eps and m^-1/2, with the same stabiliser c; and, if
@@ -144,7 +149,9 @@ def _stabilised_exponentials(
     rows w_j at which the logits reach c (b, h, n, d), the max's gradient split evenly among ties as ``amax``'s is
     (for keys, over every key and feature of a (batch, head)).
 
-    One (b, h, n, m) tensor is made: the logits, turned into the exponentials in place.
+    One (b, h, n, m) tensor is made: the logits, turned into the exponentials in place. ``real_rows`` (b, 1, n, 1), for
+    queries: padded rows get no direction (their gradient is dropped anyway), since a padded query is zero and ties at
+    every feature, which the gather below would otherwise hold m times per row.
     """
     logits = x @ projection.T  # (b, h, n, m): w_j . x
     if key_mask is not None:
@@ -157,6 +164,8 @@ def _stabilised_exponentials(
         return logits.sub_(half_sq_norm + stabiliser).exp_(), None
     # Per row, the sum of w_j and the count over the positions j at the max: [logit == c] @ [W, 1].
     at_max = logits == stabiliser  # (b, h, n, m) bool
+    if real_rows is not None:
+        at_max &= real_rows
     with_ones = torch.cat([projection, projection.new_ones(projection.shape[0], 1)], dim=1)  # (m, d + 1)
     if torch.compiler.is_compiling():  # one graph, no data-dependent shapes; Inductor fuses the cast
         hits = at_max.to(x.dtype) @ with_ones  # (b, h, n, d + 1)
@@ -218,7 +227,7 @@ class _Favor(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, values, projection, key_mask, context = ctx.saved_tensors
         eps, num_features = ctx.eps, projection.shape[0]
-        exp_q, directions_q = _stabilised_exponentials(q, projection, None, is_query=True, with_directions=True)
+        exp_q, directions_q = _stabilised_exponentials(q, projection, None, True, True, real_rows=key_mask)
         grad_context = exp_q.transpose(-2, -1) @ grad_out + eps * grad_out.sum(dim=-2, keepdim=True)  # (b, h, m, dv + 1)
         grad_q = _exponentials_backward(grad_out @ context.transpose(-2, -1), exp_q, q, projection, directions_q, True)
         del exp_q
