@@ -1,11 +1,11 @@
 """A sweep's cells k at a time on one machine, in the background, and its finished runs back in one small archive.
 
-    python -m lra.campaign start [--parallel K|auto] [--dry-run] [--foreground] [--stop-after S] OVERRIDES...
+    python -m lra.campaign start [--parallel K|auto] [--mps auto|on|off] [--dry-run] [--foreground] [--stop-after S] OVERRIDES...
     python -m lra.campaign status [--wait S]
     python -m lra.campaign stop
     python -m lra.campaign pack [--out FILE]
     python -m lra.campaign unpack ARCHIVE
-    python -m lra.campaign measure --parallel 1,2,4,8 [--steps N] [--out results] OVERRIDES...
+    python -m lra.campaign measure --parallel 1,2,4,8 [--mps off,on] [--steps N] [--out results] OVERRIDES...
 
 ``start`` takes the overrides of a sweep (``python -m lra.train -m OVERRIDES``: the experiment's
 ``hydra.sweeper.params`` crossed with the command line's comma lists, as Hydra's basic sweeper crosses
@@ -17,6 +17,13 @@ resumes from its ``last.ckpt`` where it was interrupted. The K processes divide 
 ``cores // K`` threads (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``) and at most ``cores // K - 1`` data-loader
 workers (``num_workers``, never more than the configuration's). Before the first cell, the data of every
 cell is generated and prepared once (under its lock), so K cells do not all wait for it.
+
+``--mps``: K cells on one GPU take turns on it (time slices) unless the CUDA MPS control daemon
+(``nvidia-cuda-mps-control``, installed with the NVIDIA driver) lets their kernels run at once. ``auto`` (the
+default) runs the cells under it where they are on a CUDA GPU, K > 1 and the daemon's command is on PATH, unless
+the device's curve measured this K with and without it and without was faster; ``on`` requires it, ``off`` never
+uses it. The campaign starts the daemon before its first cell and quits it at its end (:func:`mps_daemon`); the
+plan, ``status`` and the log say whether it is used and why.
 
 ``start`` returns at once: the campaign runs detached (`setsid`), writing its log into
 ``<dir>/campaign.log`` (``--foreground`` runs it in place). One campaign runs in a folder at a time: a
@@ -35,7 +42,8 @@ member), so that the next ``start`` skips them (and ``lra.table --committed`` ta
 ``measure`` times K concurrent copies of one cell (the first of the plan; distinct seeds from 1000, a
 scratch output folder, ``--steps`` steps with the protocol's evaluation schedule) for each K of
 ``--parallel`` and writes ``cells_per_hour_<device>.{csv,png}``: cells per hour against K, the number
-``start --parallel auto`` chooses K from.
+``start --parallel auto`` chooses K from. ``--mps off,on`` measures each K without and with MPS (K = 1 without
+only: one copy has nothing to share), the daemon started around each measurement with it.
 """
 
 from __future__ import annotations
@@ -83,9 +91,15 @@ STOP_GRACE_S = 300  # how long a stopped cell may take to save its checkpoint be
 STATE = "state"  # an archive's unfinished cells: state/<cell folder under the output folder>/<file>
 PART_SIZE_MIB = 16.0  # pack: an archive larger than this is cut into parts of at most this size
 DEADLINE_MARGIN_S = 90.0  # --deadline: the cells stop this long before it, to save their state and be packed
+MPS_CONTROL = "nvidia-cuda-mps-control"  # CUDA MPS's control daemon and its client, installed with the NVIDIA driver
+MPS_SETTINGS = ("auto", "on", "off")
+MPS_DEFAULT_PIPE = Path("/tmp/nvidia-mps")  # where CUDA processes look for MPS when CUDA_MPS_PIPE_DIRECTORY is not set
+MPS_START_S = 30.0  # how long a started MPS daemon may take to open its control socket
+MPS_QUIT_S = 60.0  # how long its quit may take
 CURVE_FIELDS = [
     "device",
     "parallel",
+    "mps",  # "on": the K cells ran under CUDA MPS; "off" (or empty, a row measured before MPS was): they did not
     "threads_per_cell",
     "workers_per_cell",
     "steps",
@@ -261,19 +275,24 @@ class Share:
         return cls(parallel, per_cell, max(0, per_cell - 1))  # a core for the cell's own process
 
 
-def cell_command(cell: Cell, share: Share) -> tuple[list[str], dict[str, str]]:
-    """The command and environment a cell runs with: ``lra.train`` on its overrides, its share of the cores."""
+def cell_command(cell: Cell, share: Share, mps: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command and environment a cell runs with: ``lra.train`` on its overrides, its share of the cores, and
+    ``mps``, the variables that connect it to the campaign's MPS daemon (:func:`mps_daemon`)."""
     extra = {"num_workers": min(cell.num_workers, share.workers), "trainer.enable_progress_bar": "false"}
     overrides = [o for o in cell.overrides if o.split("=", 1)[0] not in extra]  # the campaign's value, not twice
     command = [sys.executable, "-m", "lra.train", *overrides, *(f"{key}={value}" for key, value in extra.items())]
     threads = str(share.threads)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1", **(mps or {})}
     return command, env
+
+
+def on_gpu(trainer: Any) -> bool:
+    return str(trainer.accelerator) in ("gpu", "cuda")
 
 
 def device_slug(trainer: Any) -> str:
     """The device a trainer config runs on, for file names: ``cuda_h200``, ``cpu``."""
-    if str(trainer.accelerator) not in ("gpu", "cuda"):
+    if not on_gpu(trainer):
         return "cpu"
     import torch
 
@@ -282,7 +301,7 @@ def device_slug(trainer: Any) -> str:
 
 
 def check_device(trainer: Any) -> None:
-    if str(trainer.accelerator) in ("gpu", "cuda"):
+    if on_gpu(trainer):
         import torch
 
         if not torch.cuda.is_available():
@@ -292,22 +311,54 @@ def check_device(trainer: Any) -> None:
             )
 
 
-def chosen_parallel(text: str, trainer: Any, results_dir: Path) -> int:
-    """``--parallel``: a whole number, or ``auto``: K from the cells per hour measured on this device
-    (``cells_per_hour_<device>.csv`` of ``results_dir``, written by ``measure`` and by every auto campaign), see
-    :func:`auto_parallel`; :data:`FIRST_K` where nothing is measured yet."""
+def chosen_parallel(text: str, mps_setting: str, trainer: Any, results_dir: Path, dry_run: bool = False) -> tuple[int, bool, str]:
+    """``--parallel`` and ``--mps``: K, whether the cells share the GPU through CUDA MPS, and why (see
+    :func:`mps_decision`). K is a whole number, or ``auto``: from the cells per hour measured on this device
+    (``cells_per_hour_<device>.csv`` of ``results_dir``, written by ``measure`` and by every auto campaign) with the
+    MPS setting the campaign runs with, see :func:`auto_parallel_with`; :data:`FIRST_K` where nothing is measured.
+    ``--mps on`` where MPS cannot be used is refused, but for a ``dry_run`` of GPU cells on a machine without it."""
+    problem = None if mps_setting == "off" else mps_problem(trainer)
+    if mps_setting == "on" and problem and not (dry_run and on_gpu(trainer)):
+        raise CampaignError(f"--mps on: {problem[0]}; {problem[1]}")
+    path = results_dir / f"cells_per_hour_{device_slug(trainer)}.csv"
+    rows = read_rows(path) if path.is_file() else []
     if text != "auto":
         try:
-            value = int(text)
+            parallel = int(text)
         except ValueError:
             raise CampaignError(f"--parallel must be a whole number of cells at once or auto, got {text!r}") from None
-        Share.of(value, 1)  # k < 1: one message
-        return value
-    path = results_dir / f"cells_per_hour_{device_slug(trainer)}.csv"
-    if not path.is_file():
-        print(f"--parallel auto: nothing measured on this device yet ({path}): K = {FIRST_K}, and this campaign measures it")
-        return FIRST_K
-    return auto_parallel(read_rows(path), cores())
+        Share.of(parallel, 1)  # k < 1: one message
+        return (parallel, *mps_decision(mps_setting, problem, parallel, rows))
+    possible = mps_setting != "off" and problem is None
+    parallel = auto_parallel_with(rows, possible, cores())
+    if parallel is None:
+        without = " without MPS" if curve_of(rows, True) and not possible else ""  # only with MPS measured
+        print(
+            f"--parallel auto: nothing measured on this device{without} yet ({path}): K = {FIRST_K}, "
+            "and this campaign measures it"
+        )
+        parallel = FIRST_K
+    use, why = mps_decision(mps_setting, problem, parallel, rows)
+    if possible and not use:  # K came from the curve with MPS, which this campaign runs without
+        parallel = auto_parallel_with(rows, False, cores()) or FIRST_K
+        why += f"; K = {parallel} from the curve without it"
+    return parallel, use, why
+
+
+def auto_parallel_with(rows: list[dict[str, str]], mps: bool, machine_cores: int) -> int | None:
+    """``--parallel auto``'s K for cells run with (``mps``) or without MPS: :func:`auto_parallel` of the curve measured
+    so; with MPS and nothing measured with it yet, of the curve without it (the campaign's own row is then the first
+    with it); None where there is no such curve."""
+    for curve in (curve_of(rows, True), curve_of(rows, False)) if mps else (curve_of(rows, False),):
+        if curve:
+            return auto_parallel(curve, machine_cores)
+    return None
+
+
+def curve_of(rows: list[dict[str, str]], mps: bool) -> list[dict[str, str]]:
+    """The rows of a curve measured with (``mps``) or without MPS, a row from before MPS was measured being without."""
+    setting = "on" if mps else "off"
+    return [r for r in rows if (r.get("mps") or "off") == setting and r.get("cells_per_hour") not in ("", "nan", None)]
 
 
 def auto_parallel(rows: list[dict[str, str]], machine_cores: int) -> int:
@@ -332,6 +383,139 @@ def best_parallel(rows: list[dict[str, str]]) -> int:
 def read_rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as file:
         return list(csv.DictReader(file))
+
+
+# ---- CUDA MPS: K cells on one GPU at once --------------------------------------------------------
+
+
+def mps_problem(trainer: Any) -> tuple[str, str] | None:
+    """Why these cells cannot share a GPU through MPS on this machine, and the fix; None where they can."""
+    if not on_gpu(trainer):
+        return "the cells run on the CPU, and MPS shares a CUDA GPU", "run them on a GPU (trainer=gpu), or leave out on"
+    if shutil.which(MPS_CONTROL) is None:
+        return (
+            f"{MPS_CONTROL} is not on PATH (it is installed with the NVIDIA driver)",
+            "put the folder that holds it on PATH, or leave out on",
+        )
+    return None
+
+
+def mps_decision(setting: str, problem: tuple[str, str] | None, parallel: int, rows: list[dict[str, str]]) -> tuple[bool, str]:
+    """Whether K = ``parallel`` cells run under MPS with ``--mps setting``, and why; ``problem``: :func:`mps_problem`'s
+    (``on`` with one is refused before). ``auto`` uses it for more than one cell at a time, unless the device's curve
+    (``rows``) has this K measured with and without it and without was faster."""
+    if setting == "off":
+        return False, "--mps off"
+    if problem:
+        return False, problem[0]
+    if setting == "on":
+        return True, "--mps on"
+    if parallel == 1:
+        return False, "one cell at a time: MPS has nothing to share"
+    with_mps, without = rate_at(rows, parallel, True), rate_at(rows, parallel, False)
+    if with_mps is None or without is None:
+        return True, f"{parallel} cells at once on a CUDA GPU (K = {parallel} not yet measured both with and without MPS)"
+    measured = f"measured at K = {parallel}: {with_mps:g} cells per hour with MPS, {without:g} without"
+    return with_mps >= without, measured
+
+
+def rate_at(rows: list[dict[str, str]], parallel: int, mps: bool) -> float | None:
+    """The best cells per hour measured at K = ``parallel`` with (``mps``) or without MPS, None where not measured."""
+    rates = [float(r["cells_per_hour"]) for r in curve_of(rows, mps) if int(r["parallel"]) == parallel]
+    return max(rates, default=None)
+
+
+def mps_running() -> str | None:
+    """The MPS daemon already running that a CUDA process started here connects to (its control socket in
+    ``CUDA_MPS_PIPE_DIRECTORY``, or in the default pipe folder where that is not set), in words; None."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE)
+    return f"its control socket {pipe / 'control'}" if (pipe / "control").exists() else None
+
+
+@contextlib.contextmanager
+def mps_daemon(wanted: bool, required: bool, log_dir: Path) -> Iterator[dict[str, str] | None]:
+    """CUDA MPS for the block where ``wanted``: the variables each cell's environment gets to connect to it (none for a
+    daemon already running, which the cells find as this process does), or None where the cells run without it.
+
+    Without MPS the processes of K cells on one GPU take turns on it in time slices, however little of it each one's
+    kernels fill (the LRA model is 2 layers of width 64); under it their kernels run at once. The daemon started here
+    (``nvidia-cuda-mps-control -d``) lives as long as the block, in a pipe folder of its own made by
+    ``tempfile.mkdtemp``: its control is a Unix socket there, whose path must fit in 107 bytes, which a campaign's
+    folder may not leave room for, and a folder of its own is no other daemon's. Its log goes to ``log_dir``. It is
+    sent ``quit`` and its folder removed however the block ends (a stop, the deadline, an exception): it is the
+    block's alone. A daemon already running (:func:`mps_running`) is used as it is and left running; the cells
+    connect to it even where not ``wanted``, and it is said. A start that fails is one line in the log and the cells
+    run without MPS; where ``required`` (``--mps on``), a :class:`CampaignError`."""
+    if running := mps_running():
+        log.info("MPS: already running for this user (%s), used as it is%s", running, "" if wanted else ", whatever --mps says")
+        yield {}
+        return
+    if not wanted:
+        yield None
+        return
+    binary = shutil.which(MPS_CONTROL)
+    pipe = Path(tempfile.mkdtemp(prefix="lra-mps-"))
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
+    problem = start_mps(binary, env) if binary else f"{MPS_CONTROL} is not on PATH"
+    if problem:
+        shutil.rmtree(pipe, ignore_errors=True)
+        if required:
+            raise CampaignError(
+                f"MPS did not start: {problem}; start it yourself ({MPS_CONTROL} -d: a running one is used), "
+                "or run with --mps auto or off",
+                1,
+            )
+        log.info("MPS: did not start (%s); the cells run without it", problem)
+        yield None
+        return
+    log.info("MPS: started (%s -d, CUDA_MPS_PIPE_DIRECTORY=%s, its log in %s)", MPS_CONTROL, pipe, log_dir)
+    try:
+        yield env
+    finally:
+        log.info("MPS: %s", quit_mps(binary, env))
+        shutil.rmtree(pipe, ignore_errors=True)
+
+
+def start_mps(binary: str, env: dict[str, str]) -> str | None:
+    """Start the MPS control daemon with ``env`` and wait for its control socket; what went wrong, or None."""
+    log_dir = Path(env["CUDA_MPS_LOG_DIRECTORY"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    said = log_dir / "start.log"
+    try:
+        with open(said, "w") as output:  # a file, not a pipe: the daemon it forks could hold a pipe open for its life
+            started = subprocess.run(
+                [binary, "-d"],
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                timeout=MPS_START_S,
+            )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{MPS_CONTROL} -d: {error}"
+    if started.returncode != 0:
+        last = said.read_text(errors="replace").strip().splitlines()
+        return f"{MPS_CONTROL} -d exited with status {started.returncode}" + (f": {last[-1]}" if last else "")
+    control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+    deadline = time.monotonic() + MPS_START_S
+    while not control.exists():
+        if time.monotonic() > deadline:
+            quit_mps(binary, env)  # a daemon that started without opening its socket must not outlive the campaign
+            return f"its control socket {control} did not appear within {MPS_START_S:g} s (its log: {log_dir})"
+        time.sleep(0.1)
+    return None
+
+
+def quit_mps(binary: str, env: dict[str, str]) -> str:
+    """Send the daemon of ``env`` ``quit`` (on its control's stdin, as its documentation does); what came of it."""
+    try:
+        done = subprocess.run(
+            [binary], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True, timeout=MPS_QUIT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"quit failed: {error}"
+    said = (done.stdout + done.stderr).strip().splitlines()
+    return "quit" if done.returncode == 0 else f"quit exited with status {done.returncode}" + (f": {said[-1]}" if said else "")
 
 
 # ---- where each cell stands ----------------------------------------------------------------------
@@ -482,7 +666,7 @@ def start(args: argparse.Namespace) -> int:
     campaign = args.dir.absolute()
     refuse_if_taken(campaign)  # before planning, which takes a while
     cells, datasets, trainer = make_plan(args.overrides)
-    parallel = chosen_parallel(args.parallel, trainer, args.results)
+    parallel, mps, mps_reason = chosen_parallel(args.parallel, args.mps, trainer, args.results, args.dry_run)
     share = Share.of(parallel, cores())
     if not args.dry_run:
         check_device(trainer)
@@ -490,6 +674,9 @@ def start(args: argparse.Namespace) -> int:
         "overrides": args.overrides,
         "parallel": share.parallel,
         "parallel_auto": args.parallel == "auto",
+        "mps_setting": args.mps,
+        "mps": mps,
+        "mps_reason": mps_reason,
         "device": device_slug(trainer),
         "threads_per_cell": share.threads,
         "workers_per_cell": share.workers,
@@ -511,7 +698,9 @@ def start(args: argparse.Namespace) -> int:
         print(describe(plan))
         for state in cell_states(campaign, plan):
             print(f"  {state.status:<11} {state.cell.name}  {' '.join(cell_command(state.cell, share)[0][3:])}")
-        if str(trainer.accelerator) in ("gpu", "cuda"):
+        if args.mps == "on" and not mps:
+            print(f"note: {mps_reason}; start --mps on refuses these cells on this machine")
+        if on_gpu(trainer):
             with contextlib.suppress(CampaignError):
                 check_device(trainer)
                 return 0
@@ -558,10 +747,11 @@ def stop_time(args: argparse.Namespace) -> float | None:
 
 
 def describe(plan: dict[str, Any]) -> str:
+    mps = f"; MPS {'on' if plan['mps'] else 'off'}: {plan['mps_reason']}" if "mps" in plan else ""  # a plan from before --mps
     return (
         f"Campaign {' '.join(plan['overrides'])}: {len(plan['cells'])} cells, {plan['parallel']} at a time on "
         f"{plan['cores']} cores ({plural(plan['threads_per_cell'], 'thread')} and at most "
-        f"{plural(plan['workers_per_cell'], 'data-loader worker')} each)"
+        f"{plural(plan['workers_per_cell'], 'data-loader worker')} each){mps}"
     )
 
 
@@ -637,45 +827,57 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     queue = list(todo)
     ended = []
     signalled = False
-    while queue or running:
-        if deadline is not None and time.monotonic() > deadline and not stopping.why:
-            stopping.why = "the --deadline's margin" if plan.get("stop_at") else f"--stop-after {plan['stop_after_s']} s"
-        if stopping.why and not signalled:
-            log.info(
-                "Stopping (%s): %d running cells save their checkpoint; %d not started", stopping.why, len(running), len(queue)
+    refused = False  # --mps on, and MPS did not start
+    with contextlib.ExitStack() as daemon:
+        try:
+            mps = daemon.enter_context(
+                mps_daemon(bool(plan.get("mps") and todo), plan.get("mps_setting") == "on", campaign / "mps")
             )
-            for process, _, _ in running.values():
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-            queue, signalled, stop_time = [], True, time.monotonic()
-        while queue and len(running) < share.parallel:
-            cell = queue.pop(0)
-            command, env = cell_command(cell, share)
-            with open(campaign / CELLS / f"{cell.index}.log", "w") as output:
-                output.write(f"$ {' '.join(command)}\n# env: {' '.join(f'{k}={v}' for k, v in env.items())}\n")
-                output.flush()
-                process = subprocess.Popen(
-                    command,
-                    cwd=plan["cwd"],
-                    env={**os.environ, **env},
-                    stdin=subprocess.DEVNULL,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
+        except CampaignError as error:  # no cell runs; what a job carried in is still packed for the next one
+            log.error("error: %s", error)
+            queue, mps, refused = [], None, True
+        while queue or running:
+            if deadline is not None and time.monotonic() > deadline and not stopping.why:
+                stopping.why = "the --deadline's margin" if plan.get("stop_at") else f"--stop-after {plan['stop_after_s']} s"
+            if stopping.why and not signalled:
+                log.info(
+                    "Stopping (%s): %d running cells save their checkpoint; %d not started",
+                    stopping.why,
+                    len(running),
+                    len(queue),
                 )
-            running[cell.index] = (process, cell, time.monotonic())
-            first_step.setdefault(cell.index, progress(Path(cell.folder))[0] or 0)
-            training_since = training_since or time.monotonic()
-            log.info("launched %s (pid %d, %d running)", cell.name, process.pid, len(running))
-        time.sleep(0.5)
-        for index, (process, cell, started) in list(running.items()):
-            if process.poll() is None:
-                if signalled and time.monotonic() - stop_time > grace:
-                    process.kill()
-                continue
-            (campaign / CELLS / f"{index}.exit").write_text(f"{process.returncode}\n")
-            del running[index]
-            ended.append(cell)
-            log.info("ended %s: exit status %d after %.0f s", cell.name, process.returncode, time.monotonic() - started)
+                for process, _, _ in running.values():
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(signal.SIGTERM)
+                queue, signalled, stop_time = [], True, time.monotonic()
+            while queue and len(running) < share.parallel:
+                cell = queue.pop(0)
+                command, env = cell_command(cell, share, mps)
+                with open(campaign / CELLS / f"{cell.index}.log", "w") as output:
+                    output.write(f"$ {' '.join(command)}\n# env: {' '.join(f'{k}={v}' for k, v in env.items())}\n")
+                    output.flush()
+                    process = subprocess.Popen(
+                        command,
+                        cwd=plan["cwd"],
+                        env={**os.environ, **env},
+                        stdin=subprocess.DEVNULL,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                    )
+                running[cell.index] = (process, cell, time.monotonic())
+                first_step.setdefault(cell.index, progress(Path(cell.folder))[0] or 0)
+                training_since = training_since or time.monotonic()
+                log.info("launched %s (pid %d, %d running)", cell.name, process.pid, len(running))
+            time.sleep(0.5)
+            for index, (process, cell, started) in list(running.items()):
+                if process.poll() is None:
+                    if signalled and time.monotonic() - stop_time > grace:
+                        process.kill()
+                    continue
+                (campaign / CELLS / f"{index}.exit").write_text(f"{process.returncode}\n")
+                del running[index]
+                ended.append(cell)
+                log.info("ended %s: exit status %d after %.0f s", cell.name, process.returncode, time.monotonic() - started)
     from .sweep import summary
 
     # A cell whose configuration finished elsewhere since the plan was made is skipped by its run: it counts there.
@@ -686,16 +888,17 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
     if plan.get("parallel_auto") and training_since is not None:
         trained = sum((progress(Path(c.folder))[0] or 0) - first_step[c.index] for c in ended if c.index in first_step)
-        log.info("Measured: %s", record_throughput(plan, ended, trained, time.monotonic() - training_since))
+        log.info("Measured: %s", record_throughput(plan, ended, trained, time.monotonic() - training_since, mps is not None))
     if plan.get("pack"):  # what the next job needs, before this one ends
         log.info("Packed: %s", write_pack(campaign, plan, Path(plan["pack"]), plan["part_size_mib"]))
-    return 1 if failed or stopping.why else 0
+    return 1 if failed or stopping.why or refused else 0
 
 
-def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wall: float) -> str:
-    """Add what this campaign trained, at its K, to the device's cells-per-hour curve (``--parallel auto`` reads it,
-    the next job too once packed), replacing an earlier campaign's row of the same K; the row, in words. Measured on
-    the real cells, start-up and evaluations included, so it is a lower bound like ``measure``'s."""
+def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wall: float, mps: bool) -> str:
+    """Add what this campaign trained, at its K and with (``mps``) or without MPS, to the device's cells-per-hour curve
+    (``--parallel auto`` reads it, the next job too once packed), replacing an earlier campaign's row of the same K
+    and MPS; the row, in words. Measured on the real cells, start-up and evaluations included, so it is a lower bound
+    like ``measure``'s."""
     from . import results
 
     path = Path(plan["runs_dir"]).parent / f"cells_per_hour_{plan['device']}.csv"
@@ -705,6 +908,7 @@ def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wal
     row = {
         "device": plan["device"],
         "parallel": plan["parallel"],
+        "mps": "on" if mps else "off",
         "threads_per_cell": plan["threads_per_cell"],
         "workers_per_cell": plan["workers_per_cell"],
         "steps": trained,
@@ -721,12 +925,19 @@ def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wal
     }
     earlier = read_rows(path) if path.is_file() else []
     kept = [
-        {**r, "parallel": int(r["parallel"]), "cells_per_hour": float(r["cells_per_hour"] or "nan")}
+        {**r, "parallel": int(r["parallel"]), "mps": r.get("mps") or "off", "cells_per_hour": float(r["cells_per_hour"] or "nan")}
         for r in earlier
-        if not (r["cell"].startswith("campaign of ") and int(r["parallel"]) == plan["parallel"])
+        if not (
+            r["cell"].startswith("campaign of ")
+            and int(r["parallel"]) == plan["parallel"]
+            and (r.get("mps") or "off") == row["mps"]
+        )
     ]
     write_curve(sorted([*kept, row], key=lambda r: r["parallel"]), path)
-    return f"K = {plan['parallel']}: {trained} steps in {wall:.0f} s, {row['cells_per_hour']} cells per hour, in {path}"
+    return (
+        f"K = {plan['parallel']}{' with MPS' if mps else ''}: {trained} steps in {wall:.0f} s, {row['cells_per_hour']} cells "
+        f"per hour, in {path}"
+    )
 
 
 # ---- status, stop ----------------------------------------------------------------------------------
@@ -1034,17 +1245,34 @@ def measure(args: argparse.Namespace) -> int:
         raise CampaignError(f"--parallel takes whole numbers separated by commas, got {args.parallel!r}") from None
     for k in ks or [0]:
         Share.of(k, 1)
+    settings = [value.strip() for value in args.mps.split(",") if value.strip()]
+    if not settings or set(settings) - {"off", "on"}:
+        raise CampaignError(f"--mps takes off, on or both separated by a comma (off,on), got {args.mps!r}")
     if args.steps < 1:
         raise CampaignError(f"--steps must be at least 1, got {args.steps}")
+    # One copy has nothing to share: K = 1 is measured without MPS only.
+    runs = [(k, mps == "on") for k in ks for mps in dict.fromkeys(settings) if k > 1 or mps == "off"]
+    if not runs:
+        raise CampaignError("--mps on measures K above 1 only (one copy has nothing to share): add a K above 1, or off")
     cells, datasets, trainer = make_plan(args.overrides)
+    if "on" in settings and (problem := mps_problem(trainer)):
+        if not (args.dry_run and on_gpu(trainer)):
+            raise CampaignError(f"--mps on: {problem[0]}; {problem[1]}")
+        print(f"note: {problem[0]}; measure --mps on refuses this cell on this machine")
     if not args.dry_run:
         check_device(trainer)
+        if "off" in settings and (running := mps_running()):
+            raise CampaignError(
+                f"MPS is already running for this user ({running}): every copy would run under it, so without it cannot be "
+                f"measured; quit it (echo quit | {MPS_CONTROL}) or measure --mps on only"
+            )
     cell = cells[0]
     device = device_slug(trainer)
     scratch = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs")).absolute() / "campaign_measure" / time.strftime("%Y%m%d-%H%M%S")
+    measured = ", ".join(f"{k}{' with MPS' if mps else ''}" for k, mps in runs)
     print(
         f"Measuring {cell.name} ({len(cells)} cells in the plan; the first), {args.steps} of its {cell.max_steps} steps, "
-        f"K = {', '.join(map(str, ks))} on {cores()} cores; runs in {scratch}",
+        f"K = {measured} ({cores()} cores); runs in {scratch}",
         flush=True,
     )
     if args.dry_run:
@@ -1053,37 +1281,40 @@ def measure(args: argparse.Namespace) -> int:
     prepare_data(datasets)
     path = args.out / f"cells_per_hour_{device}.csv"
     rows = []
-    for k in ks:
+    for k, mps in runs:
         share = Share.of(k, cores())
-        processes = []
-        start_time = time.monotonic()
-        for copy in range(k):
-            keyed = {o.split("=", 1)[0]: o for o in cell.overrides}
-            changes = {
-                "seed": MEASURE_SEED + copy,
-                "task.protocol.max_steps": args.steps,
-                "paths.output_dir": scratch / f"k{k}",
-                "paths.runs_dir": scratch / "no_runs",
-            }
-            keyed.update({key: f"{key}={value}" for key, value in changes.items()})
-            copy_cell = Cell(**{**asdict(cell), "overrides": list(keyed.values())})
-            command, env = cell_command(copy_cell, share)
-            (scratch / f"k{k}").mkdir(parents=True, exist_ok=True)
-            output = open(scratch / f"k{k}" / f"copy{copy}.log", "w")  # open while the copy runs
-            processes.append(
-                (subprocess.Popen(command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT), output)
-            )
-        for process, output in processes:
-            process.wait()
-            output.close()
-        wall = time.monotonic() - start_time
-        records = [results.read(path) for path in sorted((scratch / f"k{k}").rglob(results.RESULTS_FILE))]
+        folder = scratch / (f"k{k}-mps" if mps else f"k{k}")
+        folder.mkdir(parents=True, exist_ok=True)
+        with mps_daemon(mps, True, folder / "mps") as mps_env:
+            processes = []
+            start_time = time.monotonic()
+            for copy in range(k):
+                keyed = {o.split("=", 1)[0]: o for o in cell.overrides}
+                changes = {
+                    "seed": MEASURE_SEED + copy,
+                    "task.protocol.max_steps": args.steps,
+                    "paths.output_dir": folder,
+                    "paths.runs_dir": scratch / "no_runs",
+                }
+                keyed.update({key: f"{key}={value}" for key, value in changes.items()})
+                copy_cell = Cell(**{**asdict(cell), "overrides": list(keyed.values())})
+                command, env = cell_command(copy_cell, share, mps_env)
+                output = open(folder / f"copy{copy}.log", "w")  # open while the copy runs
+                processes.append(
+                    (subprocess.Popen(command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT), output)
+                )
+            for process, output in processes:
+                process.wait()
+                output.close()
+            wall = time.monotonic() - start_time
+        records = [results.read(path) for path in sorted(folder.rglob(results.RESULTS_FILE))]
         done = [r for r in records if r and r.status == "finished"]
         steps_per_hour = len(done) * args.steps * 3600 / wall
         rows.append(
             {
                 "device": device,
                 "parallel": k,
+                "mps": "on" if mps else "off",
                 "threads_per_cell": share.threads,
                 "workers_per_cell": min(cell.num_workers, share.workers),
                 "steps": args.steps,
@@ -1100,25 +1331,26 @@ def measure(args: argparse.Namespace) -> int:
             }
         )
         print(
-            f"K={k}: {len(done)}/{k} finished in {wall:.1f} s, {rows[-1]['cells_per_hour']} cells of "
-            f"{cell.max_steps} steps per hour",
+            f"K={k}{' with MPS' if mps else ''}: {len(done)}/{k} finished in {wall:.1f} s, {rows[-1]['cells_per_hour']} "
+            f"cells of {cell.max_steps} steps per hour",
             flush=True,
         )
         write_curve(rows, path)  # after each K: a command stopped by its time limit keeps what it measured
-    best = (
-        best_parallel([{key: str(value) for key, value in row.items()} for row in rows])
-        if any(r["cells_per_hour"] for r in rows)
-        else None
-    )
-    print(f"wrote {path}" + (f"; start --parallel auto would run {best} cells at a time" if best else ""))
+    text_rows = [{key: str(value) for key, value in row.items()} for row in rows]
+    chosen = [
+        f"{best_parallel(curve)} cells at a time{' with MPS' if mps else ''}"
+        for mps in (False, True)
+        if (curve := curve_of(text_rows, mps)) and any(float(r["cells_per_hour"]) for r in curve)
+    ]
+    print(f"wrote {path}" + (f"; start --parallel auto would run {' or '.join(chosen)}" if chosen else ""))
     return 0 if all(row["finished"] == f"{row['parallel']}/{row['parallel']}" for row in rows) else 1
 
 
 def write_curve(rows: list[dict[str, Any]], path: Path) -> None:
-    """The curve's CSV and PNG, each K's speedup over K = 1 where K = 1 was measured first."""
+    """The curve's CSV and PNG, each row's speedup over K = 1 without MPS where that was measured."""
     from .bench.output import write_csv
 
-    base = rows[0]["cells_per_hour"] if rows[0]["parallel"] == 1 else None
+    base = next((r["cells_per_hour"] for r in rows if int(r["parallel"]) == 1 and (r.get("mps") or "off") == "off"), None)
     for row in rows:
         row["speedup"] = round(row["cells_per_hour"] / base, 2) if base else ""
     write_csv(rows, path, CURVE_FIELDS)
@@ -1134,11 +1366,16 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([r["parallel"] for r in rows], [r["cells_per_hour"] for r in rows], marker="o")
+    for mps in ("off", "on"):
+        curve = [r for r in rows if (r.get("mps") or "off") == mps]
+        if curve:
+            ax.plot([r["parallel"] for r in curve], [r["cells_per_hour"] for r in curve], marker="o", label=f"MPS {mps}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("cells at once on one device (K)")
     ax.set_ylabel(f"cells of {rows[0]['paper_steps']} steps per hour")
     ax.set_title(f"{rows[0]['device']}: {rows[0]['cell']}", fontsize=7)
+    if any(r.get("mps") == "on" for r in rows):
+        ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -1161,6 +1398,13 @@ def parser() -> argparse.ArgumentParser:
     begin = with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background"))
     begin.add_argument(
         "--parallel", default="1", help="cells at once (K), or auto: from the measured cells_per_hour_<device>.csv"
+    )
+    begin.add_argument(
+        "--mps",
+        choices=MPS_SETTINGS,
+        default="auto",
+        help="run the cells under CUDA MPS: auto (on a CUDA GPU, K > 1, nvidia-cuda-mps-control on PATH, unless measured "
+        "slower at this K), on, off",
     )
     begin.add_argument("--results", type=Path, default=Path("results"), help="the committed results (runs/ is skipped)")
     begin.add_argument("--foreground", action="store_true", help="run in this process instead of in the background")
@@ -1206,6 +1450,9 @@ def parser() -> argparse.ArgumentParser:
     unwrap.add_argument("--remove", action="store_true", help="delete the archive (all its parts) once unpacked")
     curve = commands.add_parser("measure", help="cells per hour against K: cells_per_hour_<device>.{csv,png}")
     curve.add_argument("--parallel", required=True, help="the values of K, separated by commas (1,2,4,8)")
+    curve.add_argument(
+        "--mps", default="off", help="off, on, or off,on: each K without and with CUDA MPS (K = 1 without only; default off)"
+    )
     curve.add_argument("--steps", type=int, default=200, help="steps of each copy (default 200)")
     curve.add_argument("--out", type=Path, default=Path("results"), help="where the curve goes (default: results/)")
     curve.add_argument("--dry-run", action="store_true", help="say what would be measured, and exit")

@@ -18,8 +18,10 @@ on past a step that fails:
 ``train``     ``python -m lra.train -m trainer=gpu attention=<every preset>``: a short run of
               each preset on the smoke ListOps (generated), outputs in a fresh folder
 ``cells``     ``python -m lra.campaign measure``: cells per hour against the cells run at once
-              on the GPU (K = 1..16), 200-step copies of Table 3's softmax ListOps cell
-              (the paper-size ListOps is generated first where it is missing)
+              on the GPU (K = 1..16), each K > 1 without and with CUDA MPS (``--mps off,on``;
+              without only where ``nvidia-cuda-mps-control`` is not on PATH, as its figures say),
+              200-step copies of Table 3's softmax ListOps cell (the paper-size ListOps is
+              generated first where it is missing)
 ``step``      ``python -m lra.bench step`` of ListOps (n = 2048, batch 32, bf16) for the twelve
               rows of Table 3, eager and compiled (``reduce-overhead``: CUDA graphs), ``--profile``:
               step and evaluation ms, device busy ms and kernels per step, and a profile per cell
@@ -76,6 +78,7 @@ import torch
 
 from lra import config
 from lra.bench.output import RESULTS, write_csv
+from lra.campaign import MPS_CONTROL
 from lra.paper import TABLES
 from lra.results import RunRecord, git_commit
 from yoso_cuda.build import cuda_toolkit
@@ -232,6 +235,8 @@ def plan(
                 "measure",
                 "--parallel",
                 CELLS_PARALLEL,
+                "--mps",
+                "off,on" if shutil.which(MPS_CONTROL) else "off",
                 "--steps",
                 "200",
                 "--out",
@@ -520,14 +525,18 @@ def figures_for(name: str, log: str, out: Path, train_dir: Path, since: float | 
 
 
 def cells_figures(out: Path, since: float | None = None) -> tuple[list[str], bool]:
-    """Cells per hour at each K, from the newest cells_per_hour_cuda*.csv; whether every copy finished."""
+    """Cells per hour at each K, without and with MPS, from the newest cells_per_hour_cuda*.csv; whether every copy
+    finished."""
     curves = sorted(out.glob("cells_per_hour_cuda*.csv"), key=lambda path: path.stat().st_mtime)
     rows = read_csv(curves[-1]) if curves and not stale(curves[-1], since) else []
     figures = [
-        f"K={r['parallel']}: {r['cells_per_hour']} cells of {r['paper_steps']} steps per hour (x{r['speedup']}), "
-        f"{r['finished']} finished in {r['wall_s']} s"
+        f"K={r['parallel']}, MPS {r.get('mps') or 'off'}: {r['cells_per_hour']} cells of {r['paper_steps']} steps per hour "
+        f"(x{r['speedup']}), {r['finished']} finished in {r['wall_s']} s"
         for r in rows
     ]
+    if rows and not any(r.get("mps") == "on" for r in rows):
+        why = "no measurement with it was written" if shutil.which(MPS_CONTROL) else f"{MPS_CONTROL} is not on PATH"
+        figures.append(f"without MPS only: {why}")
     return figures or ["no curve written"], bool(rows) and all(r["finished"] == f"{r['parallel']}/{r['parallel']}" for r in rows)
 
 

@@ -59,6 +59,42 @@ def test_the_training_overrides_compose_with_every_preset():
         assert cfg.task.data.source == "generated", "the smoke ListOps: nothing to download"
 
 
+def test_the_cells_step_measures_each_k_with_and_without_mps_where_the_daemons_command_is_on_path(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    command = gpu.plan(tmp_path, tmp_path)["cells"].command
+    assert command[command.index("--mps") + 1] == "off"
+    fields = ["parallel", "mps", "cells_per_hour", "paper_steps", "speedup", "finished", "wall_s"]
+    with open(tmp_path / "cells_per_hour_cuda_h200.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(
+            [
+                dict(zip(fields, ("1", "off", "2.0", "5000", "1.0", "1/1", "60.0"))),
+                dict(zip(fields, ("2", "off", "3.0", "5000", "1.5", "2/2", "80.0"))),
+            ]
+        )
+    assert gpu.cells_figures(tmp_path) == (
+        [
+            "K=1, MPS off: 2.0 cells of 5000 steps per hour (x1.0), 1/1 finished in 60.0 s",
+            "K=2, MPS off: 3.0 cells of 5000 steps per hour (x1.5), 2/2 finished in 80.0 s",
+            "without MPS only: nvidia-cuda-mps-control is not on PATH",
+        ],
+        True,
+    )
+
+    (bin_dir / "nvidia-cuda-mps-control").write_text("#!/bin/sh\n")
+    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    command = gpu.plan(tmp_path, tmp_path)["cells"].command
+    assert command[command.index("--mps") + 1] == "off,on" and command[command.index("--parallel") + 1] == "1,2,4,8,16"
+    with open(tmp_path / "cells_per_hour_cuda_h200.csv", "a", newline="") as handle:
+        csv.DictWriter(handle, fieldnames=fields).writerow(dict(zip(fields, ("2", "on", "3.9", "5000", "1.95", "1/2", "81.0"))))
+    figures, every_copy_finished = gpu.cells_figures(tmp_path)
+    assert figures[-1] == "K=2, MPS on: 3.9 cells of 5000 steps per hour (x1.95), 1/2 finished in 81.0 s" and len(figures) == 3
+    assert not every_copy_finished
+
+
 def test_a_step_that_fails_or_outlives_its_timeout_is_recorded_and_stopped(tmp_path):
     failing = gpu.Step("failing", [sys.executable, "-c", "print('some output'); raise SystemExit(3)"], 60)
     assert gpu.run_step(failing, tmp_path / "failing.log")[0] == "failed"
