@@ -1,6 +1,7 @@
 """A sweep's cells k at a time on one machine, in the background, and its finished runs back in one small archive.
 
-    python -m lra.campaign start [--parallel K|auto] [--mps auto|on|off] [--dry-run] [--foreground] [--stop-after S] OVERRIDES...
+    python -m lra.campaign start [--parallel K|auto [--measure-window S]] [--mps auto|on|off] [--dry-run] [--foreground]
+        [--stop-after S] OVERRIDES...
     python -m lra.campaign status [--wait S]
     python -m lra.campaign stop
     python -m lra.campaign pack [--out FILE]
@@ -43,7 +44,8 @@ member), so that the next ``start`` skips them (and ``lra.table --committed`` ta
 scratch output folder, ``--steps`` steps with the protocol's evaluation schedule) for each K of
 ``--parallel`` and writes ``cells_per_hour_<device>.{csv,png}``: cells per hour against K, the number
 ``start --parallel auto`` chooses K from. ``--mps off,on`` measures each K without and with MPS (K = 1 without
-only: one copy has nothing to share), the daemon started around each measurement with it.
+only: one copy has nothing to share), the daemon started around each measurement with it. A ``start --parallel
+auto`` campaign measures K on its own cells too, and doubles it within the job while that gains (:class:`Ramp`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -87,6 +89,8 @@ CURVES = "curves"  # results/runs/curves/<run file name>.csv: a packed cell's me
 MEASURE_SEED = 1000  # measure's copies of a cell: seeds never swept, so nothing is skipped or overwritten
 BEST_SHARE = 0.95  # --parallel auto: the smallest K within this share of the best measured cells per hour
 FIRST_K = 2  # --parallel auto on a device with no measured curve yet: K until this job has measured it
+MEASURE_WINDOW_S = 120.0  # --parallel auto: the seconds of training over which a job measures each K it runs
+RAMP_READ_S = 5.0  # --parallel auto: how often the campaign reads its cells' steps while it measures K
 STOP_GRACE_S = 300  # how long a stopped cell may take to save its checkpoint before it is killed
 STATE = "state"  # an archive's unfinished cells: state/<cell folder under the output folder>/<file>
 PART_SIZE_MIB = 16.0  # pack: an archive larger than this is cut into parts of at most this size
@@ -668,12 +672,15 @@ def start(args: argparse.Namespace) -> int:
     cells, datasets, trainer = make_plan(args.overrides)
     parallel, mps, mps_reason = chosen_parallel(args.parallel, args.mps, trainer, args.results, args.dry_run)
     share = Share.of(parallel, cores())
+    if args.measure_window <= 0:
+        raise CampaignError(f"--measure-window must be a positive number of seconds, got {args.measure_window:g}")
     if not args.dry_run:
         check_device(trainer)
     plan = {
         "overrides": args.overrides,
         "parallel": share.parallel,
         "parallel_auto": args.parallel == "auto",
+        "measure_window_s": args.measure_window,
         "mps_setting": args.mps,
         "mps": mps,
         "mps_reason": mps_reason,
@@ -797,6 +804,81 @@ def run(campaign: Path) -> int:
         return 1
 
 
+@dataclass
+class Ramp:
+    """``--parallel auto`` within a job: K measured on the job's own cells, and doubled while doubling gains.
+
+    Once K cells run and each has logged a step since its launch (their start-up is over), the cells' steps are
+    counted for ``window_s`` seconds, and longer until each of those K has logged a step again: the steps of every
+    cell running in that time, replacements for ended cells included (their start-up is part of what K cells at a
+    time cost). That is K's rate, steps per second of all
+    cells together. Then K doubles, while the cells left can fill twice K and it is at most ``ceiling`` (a cell per
+    core), and the new K is measured the same way; once a K gains less than 1 / :data:`BEST_SHARE` on the K before
+    it, K settles at the smallest K within :data:`BEST_SHARE` of the best rate measured. A K that falls launches no
+    cell until fewer run; none is stopped. Each measured K goes into the device's curve, which the next job starts
+    from."""
+
+    k: int
+    ceiling: int
+    window_s: float
+    rates: dict[int, tuple[int, float]] = field(default_factory=dict)  # K -> (steps, seconds) of its window
+    settled: bool = False
+    started: float | None = None  # the window's start
+    counted: dict[int, int] = field(default_factory=dict)  # each cell in the window -> its step when it came in
+    first: dict[int, int] = field(default_factory=dict)  # the cells the window started with -> their steps then
+
+    def observe(self, now: float, running: dict[int, int | None], launched_at: dict[int, int], queued: int, step_of) -> None:
+        """``running``: each running cell's latest logged step (None before its first), ``launched_at``: each launched
+        cell's step at its launch, ``queued``: cells not launched yet, ``step_of(index)``: a cell's latest step."""
+        if self.settled:
+            return
+        if queued == 0 and len(running) < self.k:  # too few cells left to keep K running: nothing more to measure
+            self.settled = True
+            return
+        if self.started is None:
+            trained = all(step is not None and step > launched_at[index] for index, step in running.items())
+            if len(running) == self.k and trained:
+                self.started, self.counted, self.first = now, dict(running), dict(running)
+            return
+        for index in running:
+            self.counted.setdefault(index, launched_at[index])  # launched within the window
+        # Longer than window_s where a cell it started with has logged no step since: steps are logged every few
+        # dozen, and a window must not end between two logs of every cell.
+        if now - self.started < self.window_s or any((step_of(i) or 0) <= step for i, step in self.first.items()):
+            return
+        steps = sum(max(0, (step_of(index) or 0) - start) for index, start in self.counted.items())
+        self.rates[self.k] = (steps, now - self.started)
+        self.started, self.counted, self.first = None, {}, {}
+        self.k = self.next_k(queued + len(running))
+
+    def rate(self, k: int) -> float:
+        steps, seconds = self.rates[k]
+        return steps / seconds
+
+    def next_k(self, cells_left: int) -> int:
+        below = [k for k in self.rates if k < self.k]
+        gained = not below or self.rate(self.k) >= self.rate(max(below)) / BEST_SHARE
+        if gained and 2 * self.k <= min(self.ceiling, cells_left):
+            return 2 * self.k
+        self.settled = True
+        best = max(self.rate(k) for k in self.rates)
+        return min(k for k in self.rates if self.rate(k) >= BEST_SHARE * best)
+
+
+def observe_cells(ramp: Ramp, now: float, running: list[Cell], ended: list[Cell], launched_at: dict[int, int], queued: int):
+    """Give ``ramp`` the cells' steps, from their metrics.csv, and say in the log what it measured."""
+    folders = {cell.index: Path(cell.folder) for cell in [*ended, *running]}
+
+    def step_of(index: int) -> int | None:
+        return progress(folders[index])[0]
+
+    k = ramp.k
+    ramp.observe(now, {cell.index: step_of(cell.index) for cell in running}, launched_at, queued, step_of)
+    if k in ramp.rates:
+        settled = f"settled at K = {ramp.k}" if ramp.settled else f"trying K = {ramp.k}"
+        log.info("Measured K = %d: %.1f steps per second; %s", k, ramp.rate(k), settled)
+
+
 def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     stopping = Stopping()
     log.info("%s; pid %d on %s", describe(plan), os.getpid(), socket.gethostname())
@@ -828,6 +910,12 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     ended = []
     signalled = False
     refused = False  # --mps on, and MPS did not start
+    ramp = (
+        Ramp(share.parallel, min(plan["cores"], len(todo)), plan.get("measure_window_s") or MEASURE_WINDOW_S)
+        if plan.get("parallel_auto")
+        else None
+    )
+    observed = 0.0  # when the ramp last read the cells' steps
     with contextlib.ExitStack() as daemon:
         try:
             mps = daemon.enter_context(
@@ -850,9 +938,9 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
                     with contextlib.suppress(ProcessLookupError):
                         process.send_signal(signal.SIGTERM)
                 queue, signalled, stop_time = [], True, time.monotonic()
-            while queue and len(running) < share.parallel:
+            while queue and len(running) < (ramp.k if ramp else share.parallel):
                 cell = queue.pop(0)
-                command, env = cell_command(cell, share, mps)
+                command, env = cell_command(cell, Share.of(ramp.k, plan["cores"]) if ramp else share, mps)
                 with open(campaign / CELLS / f"{cell.index}.log", "w") as output:
                     output.write(f"$ {' '.join(command)}\n# env: {' '.join(f'{k}={v}' for k, v in env.items())}\n")
                     output.flush()
@@ -878,6 +966,9 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
                 del running[index]
                 ended.append(cell)
                 log.info("ended %s: exit status %d after %.0f s", cell.name, process.returncode, time.monotonic() - started)
+            if ramp and not ramp.settled and not signalled and time.monotonic() - observed > min(RAMP_READ_S, ramp.window_s / 4):
+                observed = time.monotonic()
+                observe_cells(ramp, observed, [cell for _, cell, _ in running.values()], ended, first_step, len(queue))
     from .sweep import summary
 
     # A cell whose configuration finished elsewhere since the plan was made is skipped by its run: it counts there.
@@ -886,38 +977,43 @@ def run_cells(campaign: Path, plan: dict[str, Any], share: Share) -> int:
     cells = [{"folder": cell.folder, "finished_in": str(finished_in.get(cell.config_hash, ""))} for cell in ended]
     lines, failed = summary(cells) if ended else ([], 0)
     log.info("Campaign %s", "\n".join(["stopped" if stopping.why else "done", *lines]))
-    if plan.get("parallel_auto") and training_since is not None:
+    if ramp and ramp.rates:  # the K this job measured on its cells
+        for k, (steps, seconds) in sorted(ramp.rates.items()):
+            log.info("Measured: %s", record_throughput(plan, k, ended, steps, seconds, mps is not None))
+    elif ramp and training_since is not None:  # no window completed: what the whole campaign trained at its one K
         trained = sum((progress(Path(c.folder))[0] or 0) - first_step[c.index] for c in ended if c.index in first_step)
-        log.info("Measured: %s", record_throughput(plan, ended, trained, time.monotonic() - training_since, mps is not None))
+        wall = time.monotonic() - training_since
+        log.info("Measured: %s", record_throughput(plan, ramp.k, ended, trained, wall, mps is not None))
     if plan.get("pack"):  # what the next job needs, before this one ends
         log.info("Packed: %s", write_pack(campaign, plan, Path(plan["pack"]), plan["part_size_mib"]))
     return 1 if failed or stopping.why or refused else 0
 
 
-def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wall: float, mps: bool) -> str:
-    """Add what this campaign trained, at its K and with (``mps``) or without MPS, to the device's cells-per-hour curve
-    (``--parallel auto`` reads it, the next job too once packed), replacing an earlier campaign's row of the same K
-    and MPS; the row, in words. Measured on the real cells, start-up and evaluations included, so it is a lower bound
-    like ``measure``'s."""
+def record_throughput(plan: dict[str, Any], parallel: int, ended: list[Cell], trained: int, wall: float, mps: bool) -> str:
+    """Add what this campaign trained in ``wall`` seconds with ``parallel`` cells at a time, with (``mps``) or without
+    MPS, to the device's cells-per-hour curve (``--parallel auto`` reads it, the next job too once packed), replacing
+    an earlier campaign's row of the same K and MPS; the row, in words. Measured on the real cells, evaluations and
+    the start-up of cells launched in that time included."""
     from . import results
 
     path = Path(plan["runs_dir"]).parent / f"cells_per_hour_{plan['device']}.csv"
     paper_steps = statistics.mean(cell.max_steps for cell in ended) if ended else 1
     steps_per_hour = trained * 3600 / max(wall, 1e-9)
     label = f"campaign of {len(plan['cells'])} cells: {' '.join(plan['overrides'])}"
+    share = Share.of(parallel, plan["cores"])
     row = {
         "device": plan["device"],
-        "parallel": plan["parallel"],
+        "parallel": parallel,
         "mps": "on" if mps else "off",
-        "threads_per_cell": plan["threads_per_cell"],
-        "workers_per_cell": plan["workers_per_cell"],
+        "threads_per_cell": share.threads,
+        "workers_per_cell": share.workers,
         "steps": trained,
         "paper_steps": round(paper_steps),
         "wall_s": round(wall, 1),
         "cell_steps_per_hour": round(steps_per_hour),
         "cells_per_hour": round(steps_per_hour / paper_steps, 3),
         "speedup": "",
-        "mean_steps_per_second": round(steps_per_hour / 3600 / plan["parallel"], 3),
+        "mean_steps_per_second": round(steps_per_hour / 3600 / parallel, 3),
         "max_peak_memory_mb": "",
         "finished": f"{len(ended)} cells ran",
         "cell": label,
@@ -927,15 +1023,11 @@ def record_throughput(plan: dict[str, Any], ended: list[Cell], trained: int, wal
     kept = [
         {**r, "parallel": int(r["parallel"]), "mps": r.get("mps") or "off", "cells_per_hour": float(r["cells_per_hour"] or "nan")}
         for r in earlier
-        if not (
-            r["cell"].startswith("campaign of ")
-            and int(r["parallel"]) == plan["parallel"]
-            and (r.get("mps") or "off") == row["mps"]
-        )
+        if not (r["cell"].startswith("campaign of ") and int(r["parallel"]) == parallel and (r.get("mps") or "off") == row["mps"])
     ]
     write_curve(sorted([*kept, row], key=lambda r: r["parallel"]), path)
     return (
-        f"K = {plan['parallel']}{' with MPS' if mps else ''}: {trained} steps in {wall:.0f} s, {row['cells_per_hour']} cells "
+        f"K = {parallel}{' with MPS' if mps else ''}: {trained} steps in {wall:.0f} s, {row['cells_per_hour']} cells "
         f"per hour, in {path}"
     )
 
@@ -1398,6 +1490,13 @@ def parser() -> argparse.ArgumentParser:
     begin = with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background"))
     begin.add_argument(
         "--parallel", default="1", help="cells at once (K), or auto: from the measured cells_per_hour_<device>.csv"
+    )
+    begin.add_argument(
+        "--measure-window",
+        type=float,
+        default=MEASURE_WINDOW_S,
+        metavar="S",
+        help=f"with --parallel auto: the seconds of training over which the job measures each K (default {MEASURE_WINDOW_S:g})",
     )
     begin.add_argument(
         "--mps",

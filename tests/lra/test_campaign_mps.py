@@ -291,13 +291,11 @@ def test_a_campaigns_measured_row_goes_under_its_own_mps_setting_and_speedups_st
         "runs_dir": str(results / "runs"),
         "cells": [CELL.__dict__] * 3,
         "overrides": ["x"],
-        "parallel": 2,
-        "threads_per_cell": 8,
-        "workers_per_cell": 7,
+        "cores": 16,
     }
-    said = campaign.record_throughput(plan, [CELL, CELL], 20, 3600, True)
+    said = campaign.record_throughput(plan, 2, [CELL, CELL], 20, 3600, True)
     assert said.startswith("K = 2 with MPS: 20 steps in 3600 s, 2.0 cells per hour")
-    campaign.record_throughput(plan, [CELL], 25, 3600, True)  # the next job's campaign with MPS replaces its row
+    campaign.record_throughput(plan, 2, [CELL], 25, 3600, True)  # the next job's campaign with MPS replaces its row
     curve = campaign.read_rows(path)
     assert [(r["parallel"], r["mps"], r["cells_per_hour"], r["speedup"]) for r in curve] == [
         ("1", "off", "10.0", "1.0"),
