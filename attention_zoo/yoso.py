@@ -49,6 +49,18 @@ YOSO-E (``expectation: true``) computes ``normalise(E V)`` densely, O(n^2): with
 its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays finite), with
 ``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
 
+``expectation_kernel: flex`` (the ``yoso_e_flex`` preset) computes the same on FlexAttention's fused
+kernels, without the n x n weights in memory and without the padding's work. Softmax's row sums
+cancel in the l2 normalisation that follows, so ``normalise(E V) = normalise(softmax(S) V)`` with
+scores ``S = tau log(1 - arccos(x)/pi)``, ``x = q . k`` at scale 1, and padded keys and queries as a
+block mask: blocks of 128 x 128 pairs where every query or every key is padded are skipped. The
+gradients are YOSO-E's too. The same cancellation turns softmax's gradient into
+``dL/dS_ij = E_ij (g_i . v_j)`` (g, the gradient at ``E V``, is orthogonal to it through the
+normalisation), so ``exact`` differentiates S itself, and ``lower_bound`` gives S the derivative
+tau/2 (a straight-through score: ``(tau/2) x`` plus the detached difference), which makes
+``dL/dx_ij = (tau/2) E_ij (g_i . v_j)``, the surrogate. FlexAttention runs backward on CUDA only, so
+elsewhere (and in PyTorch before 2.5, which has no FlexAttention) this kernel computes the dense path.
+
 tau (``hash_bits``) defaults to the paper's LRA rule, log2 of the padded length (11 for ListOps'
 2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. Hashing and
 the cumulations with their gradient estimators are ``yoso_cuda``'s (``hash_queries_and_keys``, the
@@ -58,6 +70,7 @@ built (``auto``), on the kernels or an error (``compiled``), or on its pure-PyTo
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -81,6 +94,7 @@ class YosoConfig:
     conv_window: int | None = None  # YOSO-C: width of the per-head depthwise convolution of V (odd)
     expectation: bool = False  # YOSO-E: the exact expectation, O(n^2), instead of m hashes
     hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes (unbiased)
+    expectation_kernel: Literal["dense", "flex"] = "dense"  # YOSO-E: n x n weights, or FlexAttention's fused kernels
     backend: yoso_cuda.ops.Backend = "auto"  # yoso_cuda's kernels where built ("auto"), or "compiled" or "reference"
 
     def __post_init__(self) -> None:
@@ -89,6 +103,8 @@ class YosoConfig:
         if self.hash_bits is not None and not 1 <= self.hash_bits <= MAX_HASH_BITS:
             raise ValueError(f"hash_bits must be in [1, {MAX_HASH_BITS}] (int32 codes), got {self.hash_bits}")
         SequenceConv.check_width(self.conv_window, "conv_window")
+        if self.expectation_kernel == "flex" and not self.expectation:
+            raise ValueError("expectation_kernel=flex computes YOSO-E: set expectation=true, or leave the kernel dense")
 
 
 class ExpectationLowerBound(torch.autograd.Function):
@@ -108,11 +124,80 @@ class ExpectationLowerBound(torch.autograd.Function):
         return surrogate @ keys, surrogate.transpose(-1, -2) @ queries, weights.transpose(-1, -2) @ grad, None, None
 
 
+EXACT_COSINE_LIMIT = 1 - 1e-6  # backward exact: x kept inside (-limit, limit), where arccos' is finite
+
+
 def expectation_exact(queries, keys, values, pair_mask, hash_bits):
-    """YOSO-E's ``E V`` with autograd's true gradient (x kept inside (-1, 1) so arccos' stays finite)."""
-    cosine = (queries @ keys.transpose(-1, -2)).clamp(-1 + 1e-6, 1 - 1e-6)  # (B, n, n)
+    """YOSO-E's ``E V`` with autograd's true gradient."""
+    cosine = (queries @ keys.transpose(-1, -2)).clamp(-EXACT_COSINE_LIMIT, EXACT_COSINE_LIMIT)  # (B, n, n)
     weights = (1 - torch.arccos(cosine) / math.pi).pow(hash_bits) * pair_mask
     return weights @ values
+
+
+FLEX_BLOCK = 128  # FlexAttention's default block of queries and of keys
+
+
+def flex_attention_available(device: torch.device) -> bool:
+    """Whether FlexAttention runs forward and backward here: PyTorch >= 2.5, on CUDA."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return device.type == "cuda"
+
+
+def padding_block_mask(real: torch.Tensor):
+    """FlexAttention's block mask of the pairs of real tokens, ``real`` (b, n) bool, built from per-block token counts
+    (static shapes, no host synchronisation): a block whose queries or keys are all padded is skipped, a block whose
+    queries and keys are all real is full (no mask evaluated in it), every other block is masked pair by pair."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, n = real.shape
+    blocks = -(-n // FLEX_BLOCK)
+    padded = F.pad(real, (0, blocks * FLEX_BLOCK - n))  # (b, blocks * FLEX_BLOCK); positions past n are padding
+    counts = padded.view(b, blocks, FLEX_BLOCK).sum(-1)  # (b, blocks): real tokens per block
+    some, every = counts > 0, counts == FLEX_BLOCK
+    full = every[:, :, None] & every[:, None, :]  # (b, query blocks, key blocks)
+    partial = some[:, :, None] & some[:, None, :] & ~full  # (b, query blocks, key blocks)
+
+    def listed(selected):  # -> (b, 1, query blocks) counts, (b, 1, query blocks, key blocks) indices, selected first
+        order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True)
+        return selected.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    def both_real(batch, head, query, key):
+        return padded[batch, query] & padded[batch, key]
+
+    return BlockMask.from_kv_blocks(*listed(partial), *listed(full), FLEX_BLOCK, both_real, seq_lengths=(n, n))
+
+
+def expectation_flex(queries, keys, values, real, hash_bits, backward):
+    """YOSO-E's ``E V / (E 1)`` (b, h, n, dv) on FlexAttention, from unit ``queries, keys`` (b, h, n, d) and ``real``
+    (b, n): rows of padded queries are zero. Its l2-normalised rows are YOSO-E's, and so are their gradients
+    (``backward`` as in the dense path; module docstring)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Two score functions, with no float in their closures: Dynamo would turn a float that differs between calls
+    # (another limit, another tau / 2) into a symbol, which FlexAttention's tracing of the score cannot take.
+    def log_collision_probability(score, batch, head, query, key):  # S = tau log(1 - arccos(x)/pi)
+        cosine = score.clamp(-EXACT_COSINE_LIMIT, EXACT_COSINE_LIMIT)
+        return hash_bits * torch.log1p(-torch.arccos(cosine) / math.pi)
+
+    def with_lower_bound_derivative(score, batch, head, query, key):  # S, with dS/dx = tau / 2
+        straight = score * hash_bits / 2
+        return straight + (hash_bits * torch.log1p(-torch.arccos(score.clamp(-1, 1)) / math.pi) - straight).detach()
+
+    # Called eagerly, flex_attention computes every score in memory: on CUDA, outside a compiled step, compile it.
+    fuse = queries.is_cuda and not torch.compiler.is_compiling()
+    attention = _compiled_flex_attention() if fuse else flex_attention
+    score = log_collision_probability if backward == "exact" else with_lower_bound_derivative
+    return attention(queries, keys, values, score_mod=score, block_mask=padding_block_mask(real), scale=1.0)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
 
 
 @register("yoso")
@@ -132,6 +217,10 @@ class YosoAttention(Attention):
     def attend(self, q, k, v, mask):
         batch, heads, length, dim = q.shape
         real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if mask is None else mask
+        if self.config.expectation_kernel == "flex" and flex_attention_available(q.device):
+            unit_q, unit_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # (b, h, n, d)
+            out = expectation_flex(unit_q, unit_k, v, real, self.hash_bits, self.config.backward)  # (b, h, n, dv)
+            return self.finish(out, v)
         folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
         queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
         keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
@@ -156,7 +245,11 @@ class YosoAttention(Attention):
                 self.config.backward,
                 self.config.backend,
             )
-        out = F.normalize(out, dim=-1).view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
+        return self.finish(out.view(batch, heads, length, v.shape[-1]), v)  # (b, h, n, dv)
+
+    def finish(self, out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """N-YOSO's l2-normalised rows of ``out`` (b, h, n, dv), plus YOSO-C's convolution of ``v``."""
+        out = F.normalize(out, dim=-1)
         if self.conv is not None:
             out = out + self.conv(v)  # (b, h, n, d); v is zero at padded positions (Attention.forward)
         return out
@@ -180,6 +273,18 @@ register_preset(
     backward="lower_bound",
     conv_window=None,
     expectation=True,
+    **_TABLE3,
+)
+register_preset(
+    "yoso_e_flex",
+    "yoso",
+    "YOSO-E on FlexAttention's fused kernels where they run backward (CUDA): the values and gradients of yoso_e, "
+    "without its n x n weights in memory and the padding's work; elsewhere yoso_e's dense path",
+    num_hashes=32,
+    backward="lower_bound",
+    conv_window=None,
+    expectation=True,
+    expectation_kernel="flex",
     **_TABLE3,
 )
 register_preset(

@@ -7,10 +7,11 @@ on past a step that fails:
 ============  ================================================================================
 ``check``     ``python -m yoso_cuda --check``: builds the kernels (``YOSO_KERNELS=require``),
               every compiled op against the reference on the CPU and the GPU
-``tests``     ``pytest -m cuda tests/yoso_cuda``: the CUDA kernel tests
-``memcheck``  the same tests under ``compute-sanitizer --tool memcheck`` (no caching allocator,
+``tests``     ``pytest -m cuda tests/yoso_cuda tests/attention_zoo``: the CUDA kernel tests, and the
+              attentions' GPU paths (``yoso_e_flex``'s compiled FlexAttention against ``yoso_e``)
+``memcheck``  the kernel tests under ``compute-sanitizer --tool memcheck`` (no caching allocator,
               so an out-of-bounds access lands outside an allocation)
-``racecheck`` the same tests under ``compute-sanitizer --tool racecheck`` (shared-memory hazards)
+``racecheck`` the kernel tests under ``compute-sanitizer --tool racecheck`` (shared-memory hazards)
 ``kernels``   ``python -m lra.bench kernels`` (YOSO-32 against every SDPA backend, 1K..64K tokens;
               with ``--official-yoso PATH``, also the official mlpen/YOSO kernels and the ratio
               official / ours per shape at forward+backward)
@@ -23,7 +24,8 @@ on past a step that fails:
               200-step copies of Table 3's softmax ListOps cell (the paper-size ListOps is
               generated first where it is missing)
 ``step``      ``python -m lra.bench step`` of ListOps (n = 2048, batch 32, bf16) for the twelve
-              rows of Table 3 and ``softmax_unpadded`` (softmax without the padding's work),
+              rows of Table 3, ``softmax_unpadded`` and ``yoso_e_flex`` (softmax and YOSO-E without
+              the padding's work),
               eager and compiled (``reduce-overhead``: CUDA graphs), ``--profile``:
               step and evaluation ms, device busy ms and kernels per step, and a profile per cell
               (``step_cuda_profile/``); the figures check the none step against 3 ms and the
@@ -87,10 +89,11 @@ from yoso_cuda.build import cuda_toolkit
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests the steps run
 SUMMARY = "gpu_validation_cuda"
 STEP_ROWS = "table3"  # the step's attentions (lra.bench step --attentions): the twelve rows of the YOSO paper's Table 3
-STEP_CANDIDATES = ["softmax_unpadded"]  # timed beside the twelve: another path to a row's attention, same results
+STEP_CANDIDATES = ["softmax_unpadded", "yoso_e_flex"]  # timed beside the twelve: another path to a row, same results
 STEP_SUM_TARGET_MS = 60.0  # issue 56: the twelve rows' compiled ListOps steps together within this on an H100
 STEP_TARGET_MS = 3.0  # issue 38: the none ListOps step (and an evaluation batch) within this on an H100/H200
 CUDA_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/yoso_cuda"]
+ATTENTION_CUDA_TESTS = ["tests/attention_zoo"]  # the tests step also runs these (Triton's kernels: no sanitizer)
 TRAIN_OVERRIDES = [  # the smoke experiment's generated ListOps, shortened to a few steps
     "trainer=gpu",
     "trainer.enable_progress_bar=false",
@@ -153,7 +156,7 @@ def plan(
     unpooled = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}  # each tensor its own allocation, so overruns are caught
     steps = [
         Step("check", [python, "-m", "yoso_cuda", "--check"], 540),
-        Step("tests", [python, *cuda_tests], 540),
+        Step("tests", [python, *cuda_tests, *ATTENTION_CUDA_TESTS], 540),
         # API errors that torch provokes and handles itself (probing features) are not the kernels' bugs.
         Step(
             "memcheck",

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import attention_zoo
 import yoso_cuda
-from attention_zoo.yoso import ExpectationLowerBound, expectation_exact
+from attention_zoo.yoso import ExpectationLowerBound, expectation_exact, flex_attention_available
 from yoso_cuda import ops, reference
 
 DIM = 32
@@ -412,3 +413,124 @@ def test_torch_compile_matches_eager(backward):
             results.append([out.detach()] + [tensor.grad for tensor in (q, k, v)])
     for compiled, eager in zip(*results):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def flex_backward_on_cpu(monkeypatch):
+    """FlexAttention's unfused eager path on the CPU with its guard against backward lifted: PyTorch refuses the
+    backward there only because its compiled CPU kernels have none; the eager path differentiates the same score."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    monkeypatch.setattr(flex, "_validate_device", lambda *inputs: None)
+
+
+def ragged_masks(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Right-padded rows of random lengths, a fully padded row and a row with holes: (batch, length) bool."""
+    lengths = torch.randint(1, length + 1, (batch,), generator=generator)
+    mask = torch.arange(length)[None] < lengths[:, None]
+    mask[0] = True
+    mask[1] = False
+    mask[2] = torch.rand(length, generator=generator) < 0.6
+    return mask
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backward", ["lower_bound", "exact"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_yoso_e_on_flex_attention_has_yoso_e_values_and_gradients(flex_backward_on_cpu, backward, seed):
+    """The flex kernel's score and block mask against the dense YOSO-E (float32, on the CPU): the same outputs, and
+    the same gradients for both estimators (the straight-through score gives the (tau/2) E surrogate)."""
+    from attention_zoo.yoso import expectation_flex
+
+    generator = torch.Generator().manual_seed(seed)
+    b, h, n, tau = 5, 2, 300, 9  # n not a multiple of FlexAttention's 128-wide blocks
+    q, k, v = (torch.randn(b, h, n, DIM, generator=generator) for _ in range(3))
+    k[:, :, :4] = q[:, :, :4]  # pairs at x = 1, where the lower bound's derivative must still be tau/2
+    real = ragged_masks(b, n, generator)
+    grad = torch.randn(b, h, n, DIM, generator=generator)
+    dense = attention_zoo.build("yoso", seq_len=n, num_heads=h, head_dim=DIM, hash_bits=tau, expectation=True, backward=backward)
+
+    def flex(q, k, v):
+        out = expectation_flex(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, real, tau, backward)
+        return F.normalize(out, dim=-1) * real[:, None, :, None]
+
+    results = []
+    for attention in (flex, lambda q, k, v: dense.attend(q, k, v, real) * real[:, None, :, None]):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attention(*inputs)
+        results.append([out, *torch.autograd.grad(out, inputs, grad)])
+    for name, got, expected in zip(["output", "grad q", "grad k", "grad v"], *results):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=lambda text, name=name: f"{name}: {text}")
+    assert results[0][1].abs().sum() > 0
+
+
+def test_the_padding_block_mask_skips_padded_blocks_and_masks_pairs_of_real_tokens():
+    from attention_zoo.yoso import FLEX_BLOCK, padding_block_mask
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    n = 2 * FLEX_BLOCK + 44
+    real = torch.zeros(3, n, dtype=torch.bool)
+    real[0, :FLEX_BLOCK] = True  # one full block, two padded
+    real[1, : FLEX_BLOCK + 5] = True  # one full block, one partly real, one padded
+    real[2, ::2] = True  # every block partly real
+    mask = padding_block_mask(real)
+    blocks = {0: (0, 1), 1: (3, 1), 2: (9, 0)}  # row: (partial blocks, full blocks), over all (query, key) blocks
+    for row, (partial, full) in blocks.items():
+        assert (mask.kv_num_blocks[row].sum().item(), mask.full_kv_num_blocks[row].sum().item()) == (partial, full)
+    pairs = mask.to_dense()  # (b, 1, query blocks, key blocks): the blocks computed
+    expected = torch.stack([real.view(3, -1)[:, i * FLEX_BLOCK : (i + 1) * FLEX_BLOCK].any(-1) for i in range(3)], -1)
+    assert torch.equal(pairs[:, 0].bool(), expected[:, :, None] & expected[:, None, :])
+    batch, query, key = torch.meshgrid(torch.arange(3), torch.arange(n), torch.arange(n), indexing="ij")
+    assert torch.equal(mask.mask_mod(batch, 0, query, key), real[:, :, None] & real[:, None, :])
+
+
+def test_the_flex_kernel_is_for_yoso_e_only():
+    with pytest.raises(ValueError, match="expectation=true"):
+        attention_zoo.build("yoso_32", seq_len=64, num_heads=2, head_dim=DIM, expectation_kernel="flex")
+    with pytest.raises(TypeError, match="expectation_kernel"):
+        attention_zoo.build("yoso_e", seq_len=64, num_heads=2, head_dim=DIM, expectation_kernel="fused")
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_compiled_step_captures_the_flex_kernel_whole_for_every_padding(flex_backward_on_cpu):
+    """Block mask, score and gradients in one graph (fullgraph: no break), compiled once for three paddings, equal to
+    eager: what a compiled training step of yoso_e_flex needs on a GPU (aot_eager, as the CPU has no flex kernels)."""
+    from attention_zoo.yoso import expectation_flex
+
+    def attention(q, k, v, real):
+        return F.normalize(expectation_flex(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, real, 9, "lower_bound"), dim=-1)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attention, backend=counter, fullgraph=True)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        q, k, v, grad = (torch.randn(4, 2, 300, DIM, generator=generator) for _ in range(4))
+        real = ragged_masks(4, 300, generator)
+        results = []
+        for run in (attention, compiled):
+            inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = run(*inputs, real)
+            results.append([out, *torch.autograd.grad(out, inputs, grad)])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_yoso_e_flex_on_cuda_has_yoso_e_values_and_gradients():
+    """FlexAttention's compiled kernels (forward and backward; Triton's handling of the straight-through score) on the
+    GPU against the dense YOSO-E, in float32, with the preset's estimator (the CPU tests above check both)."""
+    generator = torch.Generator().manual_seed(0)
+    b, h, n = 4, 2, 700
+    q, k, v = (torch.randn(b, h, n, DIM, generator=generator) for _ in range(3))
+    real = ragged_masks(b, n, generator)
+    grad = torch.randn(b, h, n, DIM, generator=generator)
+    results = []
+    assert flex_attention_available(torch.device("cuda"))
+    for preset in ("yoso_e_flex", "yoso_e"):
+        attention = attention_zoo.build(preset, seq_len=1024, num_heads=h, head_dim=DIM).cuda()
+        inputs = [t.cuda().requires_grad_() for t in (q, k, v)]
+        out = attention(*inputs, real.cuda())
+        results.append([out, *torch.autograd.grad(out, inputs, grad.cuda())])
+    for name, got, expected in zip(["output", "grad q", "grad k", "grad v"], *results):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=lambda text, name=name: f"{name}: {text}")
