@@ -49,7 +49,7 @@ YOSO-E (``expectation: true``) computes ``normalise(E V)`` densely, O(n^2): with
 its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays finite), with
 ``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
 
-``expectation_kernel: flex`` (the ``yoso_e_flex`` preset) computes the same on FlexAttention's fused
+``yoso_e_flex`` (its own attention, with YOSO-E's hyperparameters only) computes the same on FlexAttention's fused
 kernels, without the n x n weights in memory and without the padding's work. Softmax's row sums
 cancel in the l2 normalisation that follows, so ``normalise(E V) = normalise(softmax(S) V)`` with
 scores ``S = tau log(1 - arccos(x)/pi)``, ``x = q . k`` at scale 1, and padded keys and queries as a
@@ -59,7 +59,7 @@ gradients are YOSO-E's too. The same cancellation turns softmax's gradient into
 normalisation), so ``exact`` differentiates S itself, and ``lower_bound`` gives S the derivative
 tau/2 (a straight-through score: ``(tau/2) x`` plus the detached difference), which makes
 ``dL/dx_ij = (tau/2) E_ij (g_i . v_j)``, the surrogate. FlexAttention runs backward on CUDA only, so
-elsewhere (and in PyTorch before 2.5, which has no FlexAttention) this kernel computes the dense path.
+elsewhere (and in PyTorch before 2.5, which has no FlexAttention) ``yoso_e_flex`` computes ``yoso_e``'s dense path.
 
 tau (``hash_bits``) defaults to the paper's LRA rule, log2 of the padded length (11 for ListOps'
 2048). Masks: padded keys never enter a bucket (nor E), padded queries give zero rows. Hashing and
@@ -73,7 +73,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +94,6 @@ class YosoConfig:
     conv_window: int | None = None  # YOSO-C: width of the per-head depthwise convolution of V (odd)
     expectation: bool = False  # YOSO-E: the exact expectation, O(n^2), instead of m hashes
     hash_projection: Literal["hadamard", "gaussian"] = "hadamard"  # fast rotation, or Gaussian hyperplanes (unbiased)
-    expectation_kernel: Literal["dense", "flex"] = "dense"  # YOSO-E: n x n weights, or FlexAttention's fused kernels
     backend: yoso_cuda.ops.Backend = "auto"  # yoso_cuda's kernels where built ("auto"), or "compiled" or "reference"
 
     def __post_init__(self) -> None:
@@ -103,8 +102,6 @@ class YosoConfig:
         if self.hash_bits is not None and not 1 <= self.hash_bits <= MAX_HASH_BITS:
             raise ValueError(f"hash_bits must be in [1, {MAX_HASH_BITS}] (int32 codes), got {self.hash_bits}")
         SequenceConv.check_width(self.conv_window, "conv_window")
-        if self.expectation_kernel == "flex" and not self.expectation:
-            raise ValueError("expectation_kernel=flex computes YOSO-E: set expectation=true, or leave the kernel dense")
 
 
 class ExpectationLowerBound(torch.autograd.Function):
@@ -132,6 +129,21 @@ def expectation_exact(queries, keys, values, pair_mask, hash_bits):
     cosine = (queries @ keys.transpose(-1, -2)).clamp(-EXACT_COSINE_LIMIT, EXACT_COSINE_LIMIT)  # (B, n, n)
     weights = (1 - torch.arccos(cosine) / math.pi).pow(hash_bits) * pair_mask
     return weights @ values
+
+
+def expectation(q, k, v, real, hash_bits, backward):
+    """YOSO-E's ``E V`` (b, h, n, dv) of ``q, k`` (b, h, n, d), ``v`` (b, h, n, dv) and ``real`` (b, n), densely."""
+    batch, heads, length, dim = q.shape
+    folded = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
+    queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
+    keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
+    values = v.reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
+    pair_mask = (folded[:, :, None] & folded[:, None, :]).float()  # (B, n, n)
+    if backward == "exact":
+        out = expectation_exact(queries, keys, values, pair_mask, hash_bits)
+    else:
+        out = ExpectationLowerBound.apply(queries, keys, values, pair_mask, hash_bits)
+    return out.view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
 
 
 FLEX_BLOCK = 128  # FlexAttention's default block of queries and of keys
@@ -217,34 +229,24 @@ class YosoAttention(Attention):
     def attend(self, q, k, v, mask):
         batch, heads, length, dim = q.shape
         real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if mask is None else mask
-        if self.config.expectation_kernel == "flex" and flex_attention_available(q.device):
-            unit_q, unit_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # (b, h, n, d)
-            out = expectation_flex(unit_q, unit_k, v, real, self.hash_bits, self.config.backward)  # (b, h, n, dv)
-            return self.finish(out, v)
+        if self.config.expectation:
+            return self.finish(expectation(q, k, v, real, self.hash_bits, self.config.backward), v)
         folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
         queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
         keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
         values = v.reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
-
-        if self.config.expectation:
-            pair_mask = (folded_mask[:, :, None] & folded_mask[:, None, :]).float()  # (B, n, n)
-            if self.config.backward == "exact":
-                out = expectation_exact(queries, keys, values, pair_mask, self.hash_bits)
-            else:
-                out = ExpectationLowerBound.apply(queries, keys, values, pair_mask, self.hash_bits)
-        else:
-            query_codes, key_codes = self.hash(queries.detach(), keys.detach())
-            out = yoso_cuda.lsh_attention(
-                queries,
-                keys,
-                values,
-                folded_mask,
-                query_codes,
-                key_codes,
-                self.hash_bits,
-                self.config.backward,
-                self.config.backend,
-            )
+        query_codes, key_codes = self.hash(queries.detach(), keys.detach())
+        out = yoso_cuda.lsh_attention(
+            queries,
+            keys,
+            values,
+            folded_mask,
+            query_codes,
+            key_codes,
+            self.hash_bits,
+            self.config.backward,
+            self.config.backend,
+        )
         return self.finish(out.view(batch, heads, length, v.shape[-1]), v)  # (b, h, n, dv)
 
     def finish(self, out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -262,6 +264,35 @@ class YosoAttention(Attention):
         )
 
 
+@dataclass
+class YosoExpectationConfig:
+    hash_bits: int | None = None  # tau; None: ceil(log2(seq_len)), the paper's LRA rule
+    backward: Literal["lower_bound", "exact"] = "lower_bound"  # the (tau/2) E surrogate of yoso_v1, or the true gradient
+    conv_window: int | None = None  # a per-head depthwise convolution of V (odd width), as YOSO-C adds
+    expectation: ClassVar[bool] = True  # YOSO-E, always: not a hyperparameter
+
+    def __post_init__(self) -> None:
+        if self.hash_bits is not None and not 1 <= self.hash_bits <= MAX_HASH_BITS:
+            raise ValueError(f"hash_bits must be in [1, {MAX_HASH_BITS}], got {self.hash_bits}")
+        SequenceConv.check_width(self.conv_window, "conv_window")
+
+
+@register("yoso_e_flex")
+class FlexYosoExpectation(YosoAttention):
+    """YOSO-E on FlexAttention's fused kernels where they run backward (CUDA): ``yoso_e``'s values and gradients
+    without the n x n weights in memory and the padding's work; elsewhere ``yoso_e``'s dense path."""
+
+    Config = YosoExpectationConfig
+
+    def attend(self, q, k, v, mask):
+        if not flex_attention_available(q.device):
+            return super().attend(q, k, v, mask)
+        real = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
+        unit_q, unit_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # (b, h, n, d)
+        out = expectation_flex(unit_q, unit_k, v, real, self.hash_bits, self.config.backward)  # (b, h, n, dv)
+        return self.finish(out, v)
+
+
 # The YOSO rows of the paper's Table 3. tau is log2 of the padded length (hash_bits=None).
 _TABLE3 = dict(hash_bits=None, hash_projection="hadamard")
 register_preset(
@@ -273,18 +304,6 @@ register_preset(
     backward="lower_bound",
     conv_window=None,
     expectation=True,
-    **_TABLE3,
-)
-register_preset(
-    "yoso_e_flex",
-    "yoso",
-    "YOSO-E on FlexAttention's fused kernels where they run backward (CUDA): the values and gradients of yoso_e, "
-    "without its n x n weights in memory and the padding's work; elsewhere yoso_e's dense path",
-    num_hashes=32,
-    backward="lower_bound",
-    conv_window=None,
-    expectation=True,
-    expectation_kernel="flex",
     **_TABLE3,
 )
 register_preset(

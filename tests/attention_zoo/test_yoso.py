@@ -483,11 +483,11 @@ def test_the_padding_block_mask_skips_padded_blocks_and_masks_pairs_of_real_toke
     assert torch.equal(mask.mask_mod(batch, 0, query, key), real[:, :, None] & real[:, None, :])
 
 
-def test_the_flex_kernel_is_for_yoso_e_only():
-    with pytest.raises(ValueError, match="expectation=true"):
-        attention_zoo.build("yoso_32", seq_len=64, num_heads=2, head_dim=DIM, expectation_kernel="flex")
-    with pytest.raises(TypeError, match="expectation_kernel"):
-        attention_zoo.build("yoso_e", seq_len=64, num_heads=2, head_dim=DIM, expectation_kernel="fused")
+def test_yoso_e_flex_takes_yoso_e_hyperparameters_only():
+    attention = attention_zoo.build("yoso_e_flex", seq_len=2048, num_heads=2, head_dim=DIM)
+    assert (attention.hash_bits, attention.config.backward, attention.conv) == (11, "lower_bound", None)
+    with pytest.raises(ValueError, match="num_hashes"):
+        attention_zoo.build("yoso_e_flex", seq_len=64, num_heads=2, head_dim=DIM, num_hashes=32)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -21,6 +21,7 @@ from lra.results import CLASSIFICATION, PRETRAINING, DiskFull, RunRecord, new_re
 from lra.run import (
     UNREADABLE_CHECKPOINT,
     EarlierRun,
+    checked_and_hashed,
     checkpoint_step,
     finished_run,
     last_checkpoint,
@@ -91,6 +92,19 @@ def test_every_committed_record_that_keeps_its_configuration_recomputes_to_its_h
         assert recomputed == record.config_hash, path
         checked_records += 1
     assert checked_records >= 80
+
+
+def test_todays_configuration_of_every_committed_table3_cpu_cell_has_the_committed_hash():
+    """The committed ``experiment=table3_cpu`` sweep, composed today cell by cell, hashes to what its records say, so a
+    sweep or campaign counts those cells finished and the table pools new seeds with them: a hyperparameter added to
+    an attention's config, or any other new setting, must keep the hash at its default (ADDED_SETTINGS)."""
+    checked_records = 0
+    for path in sorted((results.REPO_ROOT / "results" / "runs").glob("*__table3_cpu__*.json")):
+        record = RunRecord.read(path)
+        overrides = ["experiment=table3_cpu", f"task={record.task}", f"attention={record.row}", f"seed={record.seed}"]
+        assert checked_and_hashed(config.compose(overrides))[1] == record.config_hash, (path.name, overrides)
+        checked_records += 1
+    assert checked_records >= 55
 
 
 @pytest.mark.parametrize("where", ["this folder", "another folder", "committed"])
