@@ -8,7 +8,8 @@ on past a step that fails:
 ``check``     ``python -m yoso_cuda --check``: builds the kernels (``YOSO_KERNELS=require``),
               every compiled op against the reference on the CPU and the GPU
 ``tests``     ``pytest -m cuda tests/yoso_cuda tests/attention_zoo``: the CUDA kernel tests, and the
-              attentions' GPU paths (``yoso_e_flex``'s compiled FlexAttention against ``yoso_e``)
+              attentions' GPU paths: ``softmax_unpadded``'s fused nested kernels against ``softmax``,
+              ``yoso_e_flex``'s compiled FlexAttention against ``yoso_e``
 ``memcheck``  the kernel tests under ``compute-sanitizer --tool memcheck`` (no caching allocator,
               so an out-of-bounds access lands outside an allocation)
 ``racecheck`` the kernel tests under ``compute-sanitizer --tool racecheck`` (shared-memory hazards)

@@ -8,6 +8,14 @@ import attention_zoo
 from attention_zoo.softmax import PADDING_PIECE, sequence_offsets
 
 SOFTMAX = ["softmax", "softmax_unpadded"]
+# The unpadded path's tests on the CPU (SDPA's nested math) and on a GPU (its fused nested kernels, where one is present:
+# lra.bench gpu's tests step runs them).
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")]
+    ),
+]
 
 
 @pytest.mark.parametrize("name", SOFTMAX)
@@ -111,16 +119,18 @@ def test_the_unpadded_path_gives_the_fused_nested_kernels_static_nonempty_sequen
         assert offsets.diff().min() >= 1 and kwargs == {"min_seqlen": 1, "max_seqlen": 100}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed):
+def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed, device):
     """Without dropout the two paths are one function: same outputs and the same gradients of q, k and v, on rows
     unpadded, randomly padded (tokens after padding), fully padded and right padded."""
     generator = torch.Generator().manual_seed(seed)
     n = 150
     mask = torch.rand(5, n, generator=generator) < 0.6
     mask[0], mask[1], mask[2] = True, False, torch.arange(n) < 70
-    q, k, v = (torch.randn(5, 2, n, 8, generator=generator, requires_grad=True) for _ in range(3))
-    weights = torch.randn(5, 2, n, 8, generator=generator)
+    q, k, v = (torch.randn(5, 2, n, 8, generator=generator).to(device).requires_grad_() for _ in range(3))
+    weights = torch.randn(5, 2, n, 8, generator=generator).to(device)
+    mask = mask.to(device)
     results = []
     for name in SOFTMAX:
         attn = attention_zoo.build(name, seq_len=n, num_heads=2, head_dim=8, dropout=0.0).train()
@@ -131,14 +141,15 @@ def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed):
     assert (results[1][0][1] == 0).all() and (results[1][1][1] == 0).all()
 
 
-def test_unpadded_dropout_drops_probabilities_without_bias():
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpadded_dropout_drops_probabilities_without_bias(device):
     """In training with dropout 0.5, the unpadded path's outputs vary from draw to draw, padded rows stay zero, and
     their mean over 2000 draws is the evaluation output (dropout divides what it keeps by 1 - p): within 5 standard
     errors of the mean at each of the 100 real outputs (a bias of a tenth of the outputs' spread would be 4.5)."""
     torch.manual_seed(0)
     attn = attention_zoo.build("softmax_unpadded", seq_len=16, num_heads=1, head_dim=4, dropout=0.5)
-    q, k, v = random_qkv(2, 16, heads=1, head_dim=4)
-    mask = torch.arange(16) < torch.tensor([[16], [9]])
+    q, k, v = (t.to(device) for t in random_qkv(2, 16, heads=1, head_dim=4))
+    mask = (torch.arange(16) < torch.tensor([[16], [9]])).to(device)
     expected = attn.eval()(q, k, v, mask)
     attn.train()
     with torch.no_grad():
