@@ -243,13 +243,28 @@ def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_agains
     )
     assert gpu.step_figures(tmp_path / "nothing") == ([], False)
     twelve = TABLES["table3"].presets
-    candidate = row("softmax_unpadded", True, 3.5, 1.0)  # timed beside the twelve, never in their sum
-    write_csv([candidate, *(row(name, True, 4.0 + i, 1.0) for i, name in enumerate(twelve))], tmp_path / "step_cuda.csv", FIELDS)
+    candidates = [row("softmax_unpadded", True, 3.5, 1.0), row("yoso_e_flex", False, 9.0, 1.0)]  # never in the sum
+    write_csv(
+        [*candidates, *(row(name, True, 4.0 + i, 1.0) for i, name in enumerate(twelve))], tmp_path / "step_cuda.csv", FIELDS
+    )
     figures, _ = gpu.step_figures(tmp_path)
-    assert figures[0].startswith("softmax_unpadded compiled reduce-overhead: step 3.5 ms")
+    assert twelve.index("softmax") == 1 and figures[0].startswith(
+        "softmax_unpadded compiled reduce-overhead: step 3.5 ms, 0.70x softmax's (2.45 back to back)"
+    )
+    assert figures[1].startswith("yoso_e_flex eager: step 9.0 ms (6.3 back to back)"), "no eager yoso_e to compare with"
     assert figures[-1] == (
         f"the twelve rows' compiled steps sum to 114.0 ms (target 60 ms on an H100: NOT met); slowest {twelve[-1]} 15.00 ms"
     )
+
+
+def test_the_step_times_each_candidate_path_right_after_its_row():
+    attentions = gpu.step_attentions()
+    twelve = gpu.TABLES["table3"].presets
+    assert [name for name in attentions if name in twelve] == list(twelve)
+    assert sorted(set(attentions) - set(twelve)) == sorted(gpu.STEP_CANDIDATES)
+    for candidate, row in gpu.STEP_CANDIDATES.items():
+        assert attentions.index(candidate) == attentions.index(row) + 1
+    assert ",".join(attentions) in gpu.plan(Path("results"), Path("train"))["step"].command
 
 
 def sleeper(name: str, timeout_s: float = 20) -> gpu.Step:
