@@ -131,13 +131,21 @@ def expectation_exact(queries, keys, values, pair_mask, hash_bits):
     return weights @ values
 
 
-def expectation(q, k, v, real, hash_bits, backward):
-    """YOSO-E's ``E V`` (b, h, n, dv) of ``q, k`` (b, h, n, d), ``v`` (b, h, n, dv) and ``real`` (b, n), densely."""
+def fold_heads(q, k, v, real):
+    """Heads folded into the batch (B = b h): ``real`` (b, n) as (B, n), unit queries and keys (B, n, d), values
+    (B, n, dv)."""
     batch, heads, length, dim = q.shape
     folded = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
     queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
     keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
     values = v.reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
+    return folded, queries, keys, values
+
+
+def expectation(q, k, v, real, hash_bits, backward):
+    """YOSO-E's ``E V`` (b, h, n, dv) of ``q, k`` (b, h, n, d), ``v`` (b, h, n, dv) and ``real`` (b, n), densely."""
+    batch, heads, length, _ = q.shape
+    folded, queries, keys, values = fold_heads(q, k, v, real)
     pair_mask = (folded[:, :, None] & folded[:, None, :]).float()  # (B, n, n)
     if backward == "exact":
         out = expectation_exact(queries, keys, values, pair_mask, hash_bits)
@@ -151,11 +159,13 @@ FLEX_BLOCK = 128  # FlexAttention's default block of queries and of keys
 
 def flex_attention_available(device: torch.device) -> bool:
     """Whether FlexAttention runs forward and backward here: PyTorch >= 2.5, on CUDA."""
+    if device.type != "cuda":
+        return False
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:
         return False
-    return device.type == "cuda"
+    return True
 
 
 def padding_block_mask(real: torch.Tensor):
@@ -227,14 +237,11 @@ class YosoAttention(Attention):
         return super().extra_repr() + f", tau={self.hash_bits}"
 
     def attend(self, q, k, v, mask):
-        batch, heads, length, dim = q.shape
+        batch, heads, length, _ = q.shape
         real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if mask is None else mask
         if self.config.expectation:
             return self.finish(expectation(q, k, v, real, self.hash_bits, self.config.backward), v)
-        folded_mask = real[:, None, :].expand(batch, heads, length).reshape(batch * heads, length)  # (B, n)
-        queries = F.normalize(q, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        keys = F.normalize(k, dim=-1).reshape(batch * heads, length, dim)  # (B, n, d)
-        values = v.reshape(batch * heads, length, v.shape[-1])  # (B, n, dv)
+        folded_mask, queries, keys, values = fold_heads(q, k, v, real)
         query_codes, key_codes = self.hash(queries.detach(), keys.detach())
         out = yoso_cuda.lsh_attention(
             queries,
