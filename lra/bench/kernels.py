@@ -19,12 +19,15 @@ Each is measured forward and forward+backward: warm-up, then the median of ``--r
 excluded; untimed): CUDA's allocations on a GPU, the process's resident set on a CPU (``MemoryMeter`` of
 ``lra/bench/measure.py``). Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len,
 head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
-(out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on.
+(out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on. Rows of the
+same device for methods a run does not time (the official kernels, without ``--official-yoso``) stay in the file, so
+a run of ours alone does not erase theirs.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import platform
 import statistics
@@ -236,11 +239,24 @@ def main(argv: list[str] | None = None) -> int:
                             f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}",
                             flush=True,
                         )
+    rows += untimed_rows(path, device_name(device), methods)
     write_csv(rows, path, FIELDS)
     figure = args.out / f"kernels_{device.type}.png"
     plot(rows, figure, f"{device_name(device)}, torch {torch.__version__}")
     print(f"wrote {path} and {figure} ({platform.node()})")
     return 0
+
+
+def untimed_rows(path: Path, device: str, methods: list[str]) -> list[dict]:
+    """The rows of ``path`` measured on ``device`` for methods other than ``methods``, typed as a run's rows."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["device"] == device and row["method"] not in methods]
+    for row in rows:
+        row.update(seq_len=int(row["seq_len"]), head_dim=int(row["head_dim"]))
+        row.update(time_ms=float(row["time_ms"]), peak_memory_mb=float(row["peak_memory_mb"]))
+    return rows
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

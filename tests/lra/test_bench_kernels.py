@@ -68,3 +68,22 @@ def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path, capsys):
     assert rows["time_ms"].gt(0).all()
     assert rows["peak_memory_mb"].map(math.isfinite).all() and rows["peak_memory_mb"].ge(0).all()
     assert list(rows.columns) == kernels.FIELDS
+
+
+def test_a_run_keeps_the_rows_of_methods_it_does_not_time_on_its_device(tmp_path):
+    argv = ["kernels", "--device", "cpu", "--lengths", "256", "--head-dims", "16", "--dtypes", "float32"]
+    argv += ["--repeats", "1", "--reference-max-length", "256", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    path = tmp_path / "kernels_cpu.csv"
+    ours = pd.read_csv(path)
+    device = ours["device"].iloc[0]
+    theirs = ours[ours["method"] == "yoso_32"].assign(method="yoso_32/official", official_commit="6000487", time_ms=7.5)
+    elsewhere = theirs.assign(device="another CPU", time_ms=9.5)
+    pd.concat([ours, theirs, elsewhere]).to_csv(path, index=False)
+
+    assert bench.main(argv) == 0
+    rows = pd.read_csv(path, dtype={"official_commit": str})
+    kept = rows[rows["method"] == "yoso_32/official"]
+    assert len(kept) == 2 and kept["device"].eq(device).all() and kept["time_ms"].eq(7.5).all()
+    assert kept["official_commit"].eq("6000487").all()
+    assert len(rows[rows["method"] != "yoso_32/official"]) == len(ours)  # ours replaced, not appended
