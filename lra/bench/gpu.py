@@ -477,11 +477,18 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def step_figures(out: Path) -> tuple[list[str], bool]:
-    """The ListOps rows of the step: train and evaluation ms, device busy ms, kernels; whether none meets the target."""
+def step_figures(out: Path, since: float | None = None) -> tuple[list[str], bool]:
+    """The ListOps rows of the step: train and evaluation ms, device busy ms, kernels; whether none meets the target.
+    With ``since`` (``time.time()`` at the step's start), only the rows measured from then on: the file keeps earlier
+    runs' cells (another GPU's, a row this run did not reach), which are not this run's figures."""
     rows = [r for r in read_csv(out / "step_cuda.csv") if r["task"] == "listops" and r.get("data_loading") == "False"]
     rows = [r for r in rows if r["attention"] in [*TABLES[STEP_ROWS].presets, *STEP_CANDIDATES] and r["seq_len"] == "2048"]
     figures, met = [], True
+    if since is not None:
+        earlier = [r for r in rows if not measured_since(r, since)]
+        rows = [r for r in rows if measured_since(r, since)]
+        if earlier:
+            figures.append(f"{len(earlier)} rows of step_cuda.csv are earlier runs' (not shown)")
 
     def variant(r):
         return f"compiled {r.get('compile_mode') or 'default'}" if r["compiled"] == "True" else "eager"
@@ -524,6 +531,12 @@ def step_figures(out: Path) -> tuple[list[str], bool]:
     return figures, bool(floor)
 
 
+def measured_since(row: dict[str, str], since: float) -> bool:
+    """Whether a row of the step's CSV was measured at ``since`` (``time.time()``) or later (a row without the time
+    is an earlier run's)."""
+    return bool(row.get("measured_at")) and datetime.fromisoformat(row["measured_at"]).timestamp() >= int(since)
+
+
 OUTPUTS = {"kernels": "kernels_cuda.csv", "efficiency": "efficiency_cuda.csv", "step": "step_cuda.csv"}
 
 
@@ -543,7 +556,7 @@ def figures_for(name: str, log: str, out: Path, train_dir: Path, since: float | 
     if name == "efficiency":
         return efficiency_figures(out), True
     if name == "step":
-        return step_figures(out)
+        return step_figures(out, since)
     if name == "cells":
         return cells_figures(out, since)
     return train_figures(train_dir, out)

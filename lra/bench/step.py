@@ -75,10 +75,13 @@ import argparse
 import csv
 import itertools
 import statistics
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +150,7 @@ FIELDS = [
     "precision",
     "steps",
     "warmup",
+    "measured_at",  # UTC, when the cell was measured: a run's figures are its own rows, not the file's earlier ones
 ]
 
 
@@ -529,13 +533,23 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
     except Unavailable as reason:
         row.update(status="skipped", error=str(reason))
     except Exception as error:
-        row.update(
-            status="out_of_memory" if is_out_of_memory(error) else "failed",
-            error=f"{type(error).__name__}: {error}".splitlines()[0][:300],
-        )
+        row.update(status="out_of_memory" if is_out_of_memory(error) else "failed", error=error_line(error))
+        traceback.print_exc(file=sys.stderr)  # the whole story in the log; the row keeps one line
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def error_line(error: BaseException) -> str:
+    """One line for a failed cell: the error and, where it wraps another (a compiler backend's failure), the innermost
+    cause, whose first line is the one that names the problem."""
+    line = f"{type(error).__name__}: {error}".splitlines()[0]
+    cause = error
+    while (inner := cause.__cause__ or getattr(cause, "inner_exception", None)) is not None and inner is not cause:
+        cause = inner
+    if cause is not error:
+        line += f" {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+    return line[:300]
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -612,6 +626,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "compile_s": "",
             "status": "ok",
             "error": "",
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "precision": "bf16 autocast (attention in float32)" if bf16 and cfg.model.attention_in_float32 else args.precision,
             **common,
         }

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,27 @@ def test_the_step_figures_check_the_none_listops_step_and_the_twelve_rows_agains
     assert figures[-1] == (
         f"the twelve rows' compiled steps sum to 114.0 ms (target 60 ms on an H100: NOT met); slowest {twelve[-1]} 15.00 ms"
     )
+
+
+def test_the_step_figures_of_a_run_are_its_own_rows_not_the_files_earlier_ones(tmp_path):
+    from lra.bench.output import write_csv
+    from lra.bench.step import FIELDS
+
+    def row(attention, step_ms, measured_at):
+        values = dict.fromkeys(FIELDS, "")
+        values.update(task="listops", seq_len=2048, attention=attention, data_loading=False, status="ok", compiled=False)
+        values.update(step_ms=step_ms, eval_ms=1.0, measured_at=measured_at)
+        return values
+
+    started = datetime(2026, 11, 28, 20, 30, 5, tzinfo=timezone.utc)
+    rows = [row("none", 8.4, ""), row("softmax", 21.9, "2026-11-28T20:30:04+00:00")]  # an older file's, a minute-old
+    rows += [row("yoso_32", 21.4, "2026-11-28T20:30:05+00:00"), row("yoso_e", 26.8, "2026-11-28T21:02:00+00:00")]
+    write_csv(rows, tmp_path / "step_cuda.csv", FIELDS)
+    figures, _ = gpu.step_figures(tmp_path, started.timestamp() + 0.4)
+    assert figures[0] == "2 rows of step_cuda.csv are earlier runs' (not shown)"
+    assert [figure.split(":")[0] for figure in figures[1:]] == ["yoso_32 eager", "yoso_e eager"]
+    every = gpu.step_figures(tmp_path)[0]  # without a start, every row (and none's target, as it has a row now)
+    assert [figure.split(":")[0] for figure in every[:4]] == ["none eager", "softmax eager", "yoso_32 eager", "yoso_e eager"]
 
 
 def test_the_step_times_each_candidate_path_right_after_its_row():

@@ -318,3 +318,24 @@ def test_rows_of_another_device_are_kept_as_their_own_cells_with_their_own_ratio
     softmax = next(r for r in merged[len(other) :] if r["attention"] == "softmax")
     assert float(softmax["ratio_to_none"]) == pytest.approx(float(softmax["step_ms"]) / float(floor["step_ms"]), abs=1e-3)
     assert bench.label(bench.read_rows(path)[0], with_device=True) == "none (Another GPU)"  # the figure tells them apart
+
+
+def test_a_failed_cell_records_the_innermost_cause_of_a_wrapped_error():
+    def compile_fails():
+        try:
+            raise RuntimeError("Expected all tensors to be on the same device\n(more lines)")
+        except RuntimeError as cause:
+            wrapper = Exception("backend='inductor' raised:\nRuntimeError: Expected all tensors ...")
+            wrapper.inner_exception = cause  # as torch._dynamo's BackendCompilerFailed carries it, raised from None
+            raise wrapper from None
+
+    with pytest.raises(Exception) as caught:
+        compile_fails()
+    assert bench.error_line(caught.value) == (
+        "Exception: backend='inductor' raised: RuntimeError: Expected all tensors to be on the same device"
+    )
+    try:
+        raise ValueError("a plain error\nsecond line") from KeyError("missing")
+    except ValueError as error:
+        assert bench.error_line(error) == "ValueError: a plain error KeyError: 'missing'"
+    assert bench.error_line(RuntimeError("one line")) == "RuntimeError: one line"
