@@ -132,7 +132,13 @@ class _PinvIterations(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        a, *saved = ctx.saved_tensors
+        # In float32 as the forward ran: a compiled step traces this backward under the step's bfloat16 autocast,
+        # where the products would come out in bfloat16 and the in-place ones refuse the mix.
+        with torch.autocast(grad.device.type, enabled=False):
+            return _PinvIterations.gradients(grad, *ctx.saved_tensors)
+
+    @staticmethod
+    def gradients(grad: torch.Tensor, a: torch.Tensor, *saved: torch.Tensor):
         grad_a, grad_u = None, grad
         for start in reversed(range(0, len(saved), 5)):
             u, n, y1, y2, y3 = saved[start : start + 5]

@@ -11,6 +11,7 @@ encoder shares (those settings and the optimisation); a new objective subclasses
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 from collections.abc import Callable
@@ -337,9 +338,31 @@ def compile_model(module: LRAModule, backend: str | Callable = DEFAULT_COMPILE_B
     a static size compiles the better kernels for all of them.
     """
     options = {"backend": backend, "mode": compile_mode(mode, backend)}
-    module.training_outputs = torch.compile(module.training_outputs, **options)
-    module.evaluation_outputs = torch.compile(module.evaluation_outputs, **options)
+    module.training_outputs = backward_as_eager(torch.compile(module.training_outputs, **options))
+    module.evaluation_outputs = backward_as_eager(torch.compile(module.evaluation_outputs, **options))
     module.marks_cuda_graph_steps = mode in CUDA_GRAPH_MODES
+
+
+def backward_as_eager(compiled: Callable) -> Callable:
+    """``compiled``, tracing its backward without the forward's autocast, as eager runs a backward.
+
+    AOTAutograd traces the backward when the forward first runs, and by default
+    (``torch._functorch.config.backward_pass_autocast = "same_as_forward"``) under the autocast the forward ran in.
+    A bf16-mixed step enters autocast outside the compiled region, so the backward of an attention the paper protocol
+    keeps in float32 (autocast off inside) would run its products in bfloat16: Nystromformer's and Linformer's
+    compiled steps then part from eager's (tests/lra/test_compile_rows.py). Where torch has the setting, it is "off"
+    while the step runs, which is eager's semantics; a torch without it keeps its own.
+    """
+    config = torch._functorch.config
+    if not hasattr(config, "backward_pass_autocast"):
+        return compiled
+
+    @functools.wraps(compiled)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        with config.patch(backward_pass_autocast="off"):
+            return compiled(*args, **kwargs)
+
+    return step
 
 
 def adamw_implementation(parameters: list[torch.Tensor]) -> dict[str, Any]:

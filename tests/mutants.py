@@ -170,6 +170,22 @@ MUTANTS = [
         ("tests/attention_zoo/test_nystromformer.py", *ZOO),
     ),
     Mutant(
+        "nystromformer_pinv_backward_under_autocast",
+        "attention_zoo/nystromformer.py",
+        "the pseudo-inverse's written-out backward runs under the autocast a compiled step traces it in",
+        "with torch.autocast(grad.device.type, enabled=False):",
+        "if True:",
+        ("tests/attention_zoo/test_nystromformer.py",),
+    ),
+    Mutant(
+        "compiled_backward_under_forwards_autocast",
+        "lra/module.py",
+        "a compiled bf16 step traces its backward in the forward's autocast: the float32 attention's products in bf16",
+        'with config.patch(backward_pass_autocast="off"):',
+        'with config.patch(backward_pass_autocast="same_as_forward"):',
+        ("tests/lra/test_compile_rows.py",),
+    ),
+    Mutant(
         "yoso_e_keys_unmasked",
         "attention_zoo/yoso.py",
         "YOSO-E's pair mask masks queries only: padded keys get collision weight",

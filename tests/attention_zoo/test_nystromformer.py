@@ -252,3 +252,32 @@ def test_finite_gradients_through_the_landmark_path(dtype):
     for tensor in (q, k, v, attn.conv.weight):
         assert torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0
     assert (q.grad[3] == 0).all() and (v.grad[3] == 0).all(), "a fully padded sequence gets no gradient"
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_landmark_path_compiles_under_bfloat16_autocast(backend):
+    """torch.compile traces a backward under the autocast its forward ran in (torch's default), so the pseudo-inverse's
+    written-out backward sees bfloat16 products; it runs them in float32, as its forward did, instead of failing on
+    the in-place products' mixed dtypes. The other products of the backward are then bfloat16's (close to eager's);
+    with that autocast off, as lra.module compiles a step, every value is eager's."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(4, 2, 50, 8, seed=6))
+    mask = varied_mask(4, 50)
+    attn = build(50, num_landmarks=8)
+    grad = torch.randn(4, 2, 50, 8, generator=torch.Generator().manual_seed(7))
+
+    def step(attention):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention(q, k, v, mask)
+        return out, *torch.autograd.grad(out, (q, k, v), grad)
+
+    expected = step(attn)
+    torch._dynamo.reset()
+    traced_in_bfloat16 = step(torch.compile(attn, backend=backend, fullgraph=True))
+    for ours, reference in zip(traced_in_bfloat16, expected):
+        torch.testing.assert_close(ours, reference, rtol=0.05, atol=0.05)
+    if hasattr(torch._functorch.config, "backward_pass_autocast"):
+        torch._dynamo.reset()
+        with torch._functorch.config.patch(backward_pass_autocast="off"):
+            as_eager = step(torch.compile(attn, backend=backend, fullgraph=True))
+        for ours, reference in zip(as_eager, expected):
+            torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
