@@ -420,6 +420,12 @@ MUTANTS = [
         "x[k] = second ? __fsub_rn(x[k], other) : __fadd_rn(x[k], other);",
     ),
     cuda_mutant(
+        "warp_code_bits_second_word_unshifted",
+        "hash_codes_warp_kernel ors a code's second register word into the first instead of above it",
+        "window |= static_cast<unsigned long long>(positive[k]) << 32;",
+        "window |= positive[k];",
+    ),
+    cuda_mutant(
         "warp_code_bits_of_another_vector",
         "hash_codes_warp_kernel reads a code's bits from the ballot without shifting out the other vectors' lanes",
         "positive[k] = (__ballot_sync(0xffffffffu, x[k] > 0.0f) >> group) & group_bits;",

@@ -207,15 +207,25 @@ __global__ void __launch_bounds__(kBlock) hash_codes_kernel(
 // or a block-wide barrier per stage. A code's bits are gathered from each register's warp ballot.
 constexpr int kMaxPerLane = 8;
 
+// Bits [first, first + count) of the signs, count <= kMaxHashBits: coordinate e's bit is bit e % lanes of
+// positive[e / lanes], and as lanes = 32 wherever there are several registers, the words are one bit string. Two
+// words shifted as one 64-bit window: no loop over bits and no division by the runtime `lanes`. Per bit, a division
+// and a remainder were of the transform's order: at the ListOps shape a vector's 32 codes are 352 bits, its
+// transforms 240 butterfly stages (a count from the source, not yet a GPU timing). The words are picked by unrolled
+// compares rather than a runtime index.
 template <int kPerLane>
-__device__ __forceinline__ unsigned code_bits(const unsigned (&signs_positive)[kPerLane], int first, int count,
-                                              int lanes) {
-  unsigned code = 0;
-  for (int i = 0; i < count; ++i) {
-    const int e = first + i;
-    code |= ((signs_positive[e / lanes] >> (e % lanes)) & 1u) << i;
+__device__ __forceinline__ unsigned code_bits(const unsigned (&positive)[kPerLane], int first, int count) {
+  const int word = first >> 5;
+  unsigned long long window = 0;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (k == word) {
+      window |= positive[k];
+    } else if (k == word + 1) {
+      window |= static_cast<unsigned long long>(positive[k]) << 32;
+    }
   }
-  return code;
+  return static_cast<unsigned>((window >> (first & 31)) & ((1ull << count) - 1ull));
 }
 
 // hash_codes' inputs, outputs and sizes, as hash_codes_kernel takes them.
@@ -284,7 +294,7 @@ __global__ void __launch_bounds__(kBlock) hash_codes_warp_kernel(const HashCodes
     for (int t = lane; t < a.per_rotation; t += lanes) {
       const int g = r * a.per_rotation + t;
       if (valid && g < a.num_hashes) {
-        a.codes[vec * a.num_hashes + g] = static_cast<int>(code_bits(positive, t * hash_bits, hash_bits, lanes));
+        a.codes[vec * a.num_hashes + g] = static_cast<int>(code_bits(positive, t * hash_bits, hash_bits));
       }
     }
   }
