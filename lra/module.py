@@ -339,7 +339,7 @@ def compile_model(module: LRAModule, backend: str | Callable = DEFAULT_COMPILE_B
     """
     options = {"backend": backend, "mode": compile_mode(mode, backend)}
     module.training_outputs = backward_as_eager(torch.compile(module.training_outputs, **options))
-    module.evaluation_outputs = backward_as_eager(torch.compile(module.evaluation_outputs, **options))
+    module.evaluation_outputs = torch.compile(module.evaluation_outputs, **options)  # no backward to trace
     module.marks_cuda_graph_steps = mode in CUDA_GRAPH_MODES
 
 

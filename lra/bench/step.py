@@ -548,7 +548,7 @@ def error_line(error: BaseException) -> str:
     while (inner := cause.__cause__ or getattr(cause, "inner_exception", None)) is not None and inner is not cause:
         cause = inner
     if cause is not error:
-        line += f" {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+        line += f" {type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
     return line[:300]
 
 
