@@ -113,6 +113,8 @@ def test_auto_with_nothing_measured_runs_two_cells_and_says_so(tmp_path, capsys,
         (["start", "--parallel", "many"], "--parallel must be a whole number of cells at once or auto", 2),
         (["start", "attention=sofmax"], "attention=sofmax is not an attention; did you mean softmax?", 2),
         (["measure", "--parallel", "1,0", "attention=softmax"], "--parallel must be at least 1, got 0", 2),
+        (["start", "--nice", "20", "attention=softmax"], "--nice must be from 0 (the default priority) to 19", 2),
+        (["start", "--nice", "-1", "attention=softmax"], "--nice must be from 0 (the default priority) to 19", 2),
         (["status"], "no campaign in", 1),
         (["pack"], "no campaign in", 1),
     ],
@@ -276,6 +278,62 @@ def test_stop_interrupts_the_campaign_process_that_holds_the_folder(tmp_path, ca
     finally:
         if holder.poll() is None:
             holder.kill()
+
+
+def test_stop_wait_waits_for_the_campaign_to_end_and_says_when_it_has_not(tmp_path, capsys):
+    folder = tmp_path / "campaign"
+    holder = holding(folder)
+    try:
+        assert campaign.main(["stop", "--dir", str(folder), "--wait", "30"]) == 0
+        assert holder.poll() is not None and "The campaign has ended" in capsys.readouterr().out
+    finally:
+        holder.kill()
+    deaf = subprocess.Popen(  # a campaign that takes its time to end: SIGTERM ignored
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "from lra import run_lock\nwith run_lock.held(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert deaf.stdout.readline().strip() == "held"
+        assert campaign.main(["stop", "--dir", str(folder), "--wait", "1"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: the campaign has not ended within 1 s") and len(err.splitlines()) == 1
+    finally:
+        deaf.kill()
+
+
+@pytest.mark.skipif(not campaign.AUTOGROUP.exists(), reason="Linux's autogroup scheduling is not on this machine")
+def test_a_niced_campaign_lowers_its_sessions_scheduling_group_and_never_anothers():
+    """A detached campaign leads its own session, which Linux schedules as one group: at nice 19 in a group at nice 0 it
+    took half the machine from a shell's work. Its group gets its niceness; a campaign in the foreground, in the
+    user's session, leaves that session's group alone."""
+    probe = (
+        "import os, sys\n"
+        "if sys.argv[1] == 'own session': os.setsid()\n"
+        "from lra.campaign import lower_priority\n"
+        "print(lower_priority(7)); print(os.nice(0)); print(open('/proc/self/autogroup').read().split()[-1])"
+    )
+    for where, group_nice in (("own session", "7"), ("the caller's session", campaign.AUTOGROUP.read_text().split()[-1])):
+        said, nice, group = subprocess.run(
+            [sys.executable, "-c", probe, where], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        assert (nice, group) == ("7", group_nice), where
+        assert said == ("nice 7, its session's scheduling group at nice 7" if where == "own session" else "nice 7")
+
+
+def test_unpack_missing_ok_starts_with_nothing_carried(tmp_path, capsys, monkeypatch):
+    """A first job has nothing to unpack: under set -e, a job script's unpack must not end the job."""
+    monkeypatch.chdir(tmp_path)
+    assert campaign.main(["unpack", str(tmp_path / "carry" / "campaign.tar.gz")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    assert campaign.main(["unpack", "--missing-ok", str(tmp_path / "carry" / "campaign.tar.gz")]) == 0
+    assert "Nothing to unpack" in capsys.readouterr().out and not (tmp_path / "results").exists()
 
 
 REHEARSAL = [  # two cells of 24 steps, evaluated every 4: long enough to be stopped twice on the way
