@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 
 from ..paper import TABLE3, TABLES
+from . import curves
 from .cells import LISTOPS_SPLIT, TASKS, agreement, cell_frame, frame, on_papers_side, spearman
+from .curves import find_curves
 from .records import check_hashes, collect, find_record_files, find_records, run_file_name
 from .sections import ALL_ROWS, PAPER_ROWS, Section, Table, build, declared_protocol, evidence_first, paper_setup
 from .writers import LOADED, agreement_frame, cells_frame, figure, latex, markdown, write_all
@@ -39,10 +41,12 @@ __all__ = [
     "cell_frame",
     "cells_frame",
     "check_hashes",
+    "curves",
     "collect",
     "declared_protocol",
     "evidence_first",
     "figure",
+    "find_curves",
     "find_record_files",
     "find_records",
     "frame",
@@ -146,13 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         new = collect([record for _, record in found], runs_dir)
         print(f"{new} new run records in {runs_dir}")
     if args.collect or args.committed:
-        paths = write_all(find_records([runs_dir]), args.results, f"the run records committed in `{runs_dir}/`", **only)
+        found = find_record_files([runs_dir])
+        source, out = f"the run records committed in `{runs_dir}/`", args.results
     else:
-        paths = write_all(
-            find_records([*args.runs, runs_dir]),
-            args.out,
-            f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`",
-            **only,
-        )
+        found = find_record_files([*args.runs, runs_dir])
+        source, out = f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`", args.out
+    paths = write_all([record for _, record in found], out, source, curves=find_curves(found), **only)
     for path in paths:
         print(f"wrote {path}")

@@ -24,6 +24,7 @@ LISTOPS_SPLIT = 28.0
 MIN_RANKED_ROWS = 3  # Spearman's rho only from this many rows up (two rows always give +-1)
 NOT_RECORDED = "not recorded"  # a setting an older record does not have: a value of its own
 BEST_MARGIN = 2.0  # "best" only beyond this many standard errors of the difference to the next row
+AGREE_MARGIN = 2.0  # two cells of one row agree where their means differ by at most this many standard errors
 # A run record's identity, and what makes two of them one cell (with the seed) or one section.
 SAME_RUN = ["setting", "data_source", "seed"]
 
@@ -189,6 +190,7 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
         peak_memory_mb=("peak_memory_mb", "mean"),
         others_load_per_cpu=("others_load_per_cpu", "max"),
         devices=("device", lambda devices: " + ".join(sorted(set(devices)))),
+        config_hashes=("config_hash", list),
     )
     p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
     binomial = 100 * np.sqrt(p * (1 - p) / n)
@@ -223,3 +225,16 @@ def agreement(cells: pd.DataFrame) -> pd.DataFrame:
     result["on_papers_side"] = result["on_papers_side"].where(result.index == "listops")
     result["spearman"] = by_task.apply(lambda task: spearman(task["mean"], task["paper"]))
     return result[columns]
+
+
+def compared_cells(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """The cells of one row and task in both ``first`` and ``second`` (two sections' cells, indexed by (row label,
+    task)), side by side: each one's mean, standard error and devices, the difference (second - first), its standard
+    error (the two combined: independent runs) and whether they agree, within :data:`AGREE_MARGIN` of it."""
+    both = first.index.intersection(second.index)
+    columns = ["mean", "standard_error", "devices", "num_seeds"]
+    pairs = first.loc[both, columns].add_suffix("_first").join(second.loc[both, columns].add_suffix("_second"))
+    pairs["difference"] = pairs["mean_second"] - pairs["mean_first"]
+    pairs["difference_error"] = np.hypot(pairs["standard_error_first"], pairs["standard_error_second"])
+    pairs["agree"] = pairs["difference"].abs() <= AGREE_MARGIN * pairs["difference_error"]
+    return pairs

@@ -17,7 +17,17 @@ import pandas as pd
 
 from ..paper import TABLE3, TABLES, PaperTable
 from ..results import FLOAT32, RunRecord
-from .cells import NOT_RECORDED, TASKS, agreement, cell_frame, configs_of, counted_runs, frame, what_differs
+from .cells import (
+    NOT_RECORDED,
+    TASKS,
+    agreement,
+    cell_frame,
+    compared_cells,
+    configs_of,
+    counted_runs,
+    frame,
+    what_differs,
+)
 
 # Keys that name the row, not the section: the attention and its hyperparameters.
 ROW_KEYS = ("attention", "attention_hparams.")
@@ -25,11 +35,18 @@ PAPER_ROWS = "paper"  # the rows of the published table only: the table as the p
 ALL_ROWS = "all"  # every row with finished runs: the paper's in its order, then the others by name
 COMPARISON = "comparison"  # the files of a table of ALL_ROWS (or of rows asked for)
 LEFT_OUT_COLUMNS = ["task", "row", "seed", "protocol", "config_hash", "overrides", "why"]
+TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
 
 
 def base_row(row: str) -> str:
     """The preset or registered attention of a run's row (``yoso_32`` of ``yoso_32 attention.hparams.num_hashes=16``)."""
     return row.split(" ")[0]
+
+
+def row_label(row: str, published: PaperTable) -> str:
+    """A run's row as the paper labels its preset, with any change after it."""
+    base, _, rest = row.partition(" ")
+    return published.label(base) + (f" {rest}" if rest else "")
 
 
 def is_paper_row(row: str, published: PaperTable) -> bool:
@@ -76,7 +93,7 @@ def departures(protocol: dict[str, Any] | None, adjusted: dict[str, Any], task: 
     }
 
 
-def section_titles(runs: pd.DataFrame) -> pd.Series:
+def section_titles(runs: pd.DataFrame, precision: bool = True) -> pd.Series:
     """A run's section: its protocol, each setting in which it departs from the protocol as declared, each setting that
     differs between the protocol's runs of its task (the row's aside), and the precision where it is not float32.
 
@@ -84,10 +101,11 @@ def section_titles(runs: pd.DataFrame) -> pd.Series:
     with the values of every setting that differs between the protocol's cells of a task (``protocol.max_steps=20``),
     of every protocol setting in which its runs depart from the protocol as its experiment declares it
     (:func:`departures`: a lone 20-step run is titled ``protocol.max_steps=20``), and the precision where it is not
-    float32 (precision is part of the configuration: float32 and bf16 runs never pool).
+    float32 (precision is part of the configuration: float32 and bf16 runs never pool). ``precision=False``: the title
+    without the precision, which the sections of one protocol in several precisions share (:func:`precision_pairs`).
     """
     configs = configs_of(runs)
-    section_keys = [key for key in configs if not key.startswith(ROW_KEYS)]
+    section_keys = [key for key in configs if not key.startswith(ROW_KEYS) and (precision or key != "precision")]
     differing = configs[section_keys].where(
         configs[section_keys].groupby([runs["protocol"], runs["task"]]).transform("nunique") > 1
     )
@@ -95,11 +113,16 @@ def section_titles(runs: pd.DataFrame) -> pd.Series:
     for (index, run), differs in zip(runs.iterrows(), differing.itertuples(index=False)):
         shown = {key: value for key, value in zip(section_keys, differs) if isinstance(value, str)}
         shown.update(departures(run["protocol_fields"], run["adjusted"], run["task"]))
-        precision = configs.at[index, "precision"] if "precision" in configs else json.dumps(FLOAT32)
-        if json.loads(precision) != FLOAT32:
-            shown["precision"] = precision
+        if precision and json.loads(run_precision(configs, index)) != FLOAT32:
+            shown["precision"] = run_precision(configs, index)
         titles.append(", ".join([run["protocol"], *(f"{key}={json.loads(shown[key])}" for key in sorted(shown))]))
     return pd.Series(titles, index=runs.index)
+
+
+def run_precision(configs: pd.DataFrame, index: Any) -> str:
+    """The precision (a JSON value) of the run at ``index`` of ``configs`` (:func:`configs_of`); float32 for a record
+    of before precision was recorded."""
+    return configs.at[index, "precision"] if "precision" in configs else json.dumps(FLOAT32)
 
 
 def natural_order(text: str) -> list[tuple[int, float | str]]:
@@ -162,11 +185,14 @@ class Section:
     published: PaperTable = TABLE3
     duplicates: list[str] = field(default_factory=list)
     order: tuple[str, ...] = ()  # the rows' order (presets); rows not in it follow by name. Default: the paper's
+    precision: str = FLOAT32  # its runs' (Lightning's name)
+    title_without_precision: str = ""  # what the sections of one protocol in several precisions share; default: title
 
     def __post_init__(self) -> None:
         if self.cells.empty:
             raise ValueError(f"section {self.title!r} has no cells")
         self.order = self.order or self.published.presets
+        self.title_without_precision = self.title_without_precision or self.title
         self.agreement = agreement(self.cells)
 
     @property
@@ -219,12 +245,43 @@ def evidence_first(section: Section) -> tuple:
 
 
 @dataclass
+class PrecisionPair:
+    """Two sections of one protocol and settings but for the precision (a CPU's float32 and a GPU's bf16, say), and
+    their cells of the rows and tasks both have (:func:`lra.table.cells.compared_cells`): a check of the protocol
+    across precisions and devices."""
+
+    first: Section  # the float32 one, where there is one
+    second: Section
+    cells: pd.DataFrame
+
+
+def precision_pairs(sections: list[Section]) -> list[PrecisionPair]:
+    """Each pair of ``sections`` that differ only in their precision and share a cell of some row and task, the float32
+    section first, in the sections' order."""
+    pairs = []
+    for i, first in enumerate(sections):
+        for second in sections[i + 1 :]:
+            if first.title_without_precision != second.title_without_precision:
+                continue
+            if second.precision == FLOAT32:
+                first, second = second, first
+            both = compared_cells(first.cells, second.cells)
+            if not both.empty:
+                pairs.append(PrecisionPair(first, second, both))
+    return pairs
+
+
+@dataclass
 class Table:
     published: PaperTable
     sections: list[Section]
     left_out: pd.DataFrame  # runs that are not cells: LEFT_OUT_COLUMNS
     rows: str | tuple[str, ...] = PAPER_ROWS  # PAPER_ROWS, ALL_ROWS, or the rows asked for, in their order
     speed: bool = False  # the Markdown and LaTeX show each cell's training steps/s and peak memory
+
+    @property
+    def precision_pairs(self) -> list[PrecisionPair]:
+        return precision_pairs(self.sections)
 
     @property
     def comparison(self) -> bool:
@@ -284,6 +341,8 @@ def build(
         return table
     cell_runs["section"] = section_titles(cell_runs)
     cell_runs["label"] = row_labels(cell_runs)
+    without_precision = section_titles(cell_runs, precision=False)
+    configs = configs_of(cell_runs)
     cells = cell_frame(cell_runs, published)
     sections = [
         Section(
@@ -293,6 +352,8 @@ def build(
             cells=cells.xs(title, level="section"),
             published=published,
             order=order,
+            precision=json.loads(run_precision(configs, runs_of.index[0])),
+            title_without_precision=without_precision[runs_of.index[0]],
             duplicates=[
                 f"{run.task} / {run.row} / seed {run.seed}: {run.copies} runs of one configuration, "
                 f"the latest ({run.finished_at}) counts"

@@ -17,11 +17,22 @@ import pandas as pd
 
 from ..data.tasks import TASKS as TASK_SPECS
 from ..paper import TABLE3, PaperTable, Row
-from ..results import RunRecord
-from .cells import LISTOPS_SPLIT, MIN_RANKED_ROWS, NOT_RECORDED, TASKS
-from .sections import ALL_ROWS, COMPARISON, PAPER_ROWS, Section, Table, base_row, build
+from ..results import FLOAT32, RunRecord
+from . import curves as learning_curves
+from .cells import AGREE_MARGIN, LISTOPS_SPLIT, MIN_RANKED_ROWS, NOT_RECORDED, TASKS
+from .sections import (
+    ALL_ROWS,
+    COMPARISON,
+    PAPER_ROWS,
+    TASK_LABELS,
+    PrecisionPair,
+    Section,
+    Table,
+    base_row,
+    build,
+    row_label,
+)
 
-TASK_LABELS = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
 #: A training rate is marked as measured under load where other work kept more threads than this per CPU running or
 #: waiting to run (the load average beyond the run's own threads) at the start or end of its timed steps: half of the
 #: machine's CPUs taken, so that the run's threads waited for a CPU (issue 57: one cell trained at 0.67 steps/s beside
@@ -52,12 +63,6 @@ SIDE_ROW = "ListOps: on the paper's side"
 def number(value: float | None) -> str:
     """A percentage to two decimals; "–" where there is none (the paper has no such row or task)."""
     return "–" if value is None or pd.isna(value) else f"{value:.2f}"
-
-
-def row_label(row: str, published: PaperTable) -> str:
-    """A run's row as the paper labels its preset, with any change after it."""
-    base, _, rest = row.partition(" ")
-    return published.label(base) + (f" {rest}" if rest else "")
 
 
 def cell_text(section: Section, row: str, task: str, style: Style = MARKDOWN) -> str:
@@ -139,6 +144,11 @@ def section_frame(section: Section, style: Style, speed: bool = False) -> pd.Dat
     return text if section.has_cells("listops") else text.iloc[:-1]
 
 
+def precision_words(precision: str) -> str:
+    """A precision as the table says it: float32, or Lightning's name of the mixed one (``bf16-mixed``)."""
+    return "float32" if precision == FLOAT32 else precision
+
+
 def paper_split(published: PaperTable) -> tuple[list[Row], list[Row]]:
     """The paper's ListOps rows above and below LISTOPS_SPLIT."""
     return (
@@ -169,11 +179,16 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
         )
         + "."
     )
+    devices = sorted(set(" + ".join(section.cells["devices"]).split(" + ")))
+    lines.append(f"Trained on {'; '.join(devices)}, in {precision_words(section.precision)}.")
+    if 1 in seeds:
+        lines.append(
+            "A cell of one seed: its ± is the sampling error of its test set alone; another seed's run may differ by more."
+        )
     if speed:
-        devices = sorted(set(" + ".join(section.cells["devices"]).split(" + ")))
         lines.append(
             "steps/s: training steps per second (evaluations excluded), MB: peak memory, each the mean of the cell's "
-            f"runs, on {'; '.join(devices)}: compare them only between runs of one machine. {MARKDOWN.loaded}: timed "
+            f"runs: compare them only between runs of one machine. {MARKDOWN.loaded}: timed "
             f"under load, other work keeping more than {LOADED:g} threads per CPU running beside a run of the cell (the "
             "load average beyond the run's own threads, where its timing started or ended): slower than alone. A run "
             "recorded without the machine's load is not marked."
@@ -265,6 +280,8 @@ def markdown(table: Table, source: str, title: str | None = None) -> str:
         lines += markdown_table(section_frame(section, MARKDOWN, table.speed), len(section.rows))
         if section.duplicates:
             lines += ["", "Counted once:", "", *(f"- {text}" for text in section.duplicates)]
+    for pair in table.precision_pairs:
+        lines += ["", *precision_pair_lines(pair)]
     if not table.left_out.empty:
         lines += ["", "## Not in the table", "", "Runs without a result (no finished run of the configuration and seed)"]
         if not table.comparison:
@@ -272,6 +289,38 @@ def markdown(table: Table, source: str, title: str | None = None) -> str:
         lines[-1] += ":"
         lines += ["", *left_out_lines(table.left_out, table.published)]
     return "\n".join(lines) + "\n"
+
+
+def precision_pair_lines(pair: PrecisionPair) -> list[str]:
+    """Two sections of one protocol in two precisions, as Markdown: the rows and tasks both have, each cell on its
+    devices, the difference and whether it is within the noise."""
+    first, second = pair.first, pair.second
+    lines = [
+        f"## `{first.title}` against `{second.title}`",
+        "",
+        *textwrap.wrap(
+            f"One protocol in two precisions ({precision_words(first.precision)} and {second.precision}): where both "
+            "have a cell, the "
+            f"difference of the means (the second's minus the first's) and its standard error (the two cells' errors "
+            f"combined). They agree where the difference is within {AGREE_MARGIN:g} standard errors of it. "
+            f"{sum(pair.cells['agree'])} of {len(pair.cells)} agree.",
+            105,
+            break_on_hyphens=False,
+        ),
+        "",
+        f"| model | task | {precision_words(first.precision)} | on | {second.precision} | on | difference | agree |",
+        "| --- " * 8 + "|",
+    ]
+    for (row, task), cell in pair.cells.iterrows():
+        lines.append(
+            f"| {row_label(row, first.published)} | {TASK_LABELS.get(task, task)} "
+            f"| {cell['mean_first']:.2f} ± {cell['standard_error_first']:.2f} ({cell['num_seeds_first']}) "
+            f"| {cell['devices_first']} "
+            f"| {cell['mean_second']:.2f} ± {cell['standard_error_second']:.2f} ({cell['num_seeds_second']}) "
+            f"| {cell['devices_second']} | {cell['difference']:+.2f} ± {cell['difference_error']:.2f} "
+            f"| {'yes' if cell['agree'] else 'no'} |"
+        )
+    return lines
 
 
 CELL_COLUMNS = [
@@ -375,7 +424,7 @@ def figure(table: Table, path: Path) -> None:
                 cells["mean"],
                 height=0.4,
                 xerr=cells["standard_error"],
-                color=["tab:orange" if row.startswith("yoso") else "tab:blue" for row in section.rows],
+                color=[learning_curves.colour(row) for row in section.rows],
                 hatch=["//" if generated is True else None for generated in cells["generated"]],
                 edgecolor="white",
             )
@@ -416,10 +465,13 @@ def write_all(
     published: PaperTable = TABLE3,
     rows: str | tuple[str, ...] = PAPER_ROWS,
     speed: bool = False,
+    curves: dict[str, Path] | None = None,
 ) -> list[Path]:
     """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default :func:`default_name`) into
-    ``out_dir`` from ``records`` (only those of ``protocols`` if given), with the rows of :func:`build`. Writing twice
-    from the same records gives the same files."""
+    ``out_dir`` from ``records`` (only those of ``protocols`` if given), with the rows of :func:`build`, and where
+    ``curves`` (:func:`lra.table.curves.find_curves`) has the learning curves of a section's runs,
+    ``<name>_curves.png`` (:func:`lra.table.curves.figure`). Writing twice from the same records gives the same
+    files."""
     if protocols:
         records = [record for record in records if (record.protocol or {}).get("name") in protocols]
     if not records:
@@ -441,6 +493,8 @@ def write_all(
     agreement_frame(table).to_csv(paths[2], index=False, float_format="%.4f")
     paths[3].write_text(latex(table))
     figure(table, paths[4])
+    if learning_curves.figure(table, curves or {}, out_dir / f"{name}_curves.png"):
+        paths.append(out_dir / f"{name}_curves.png")
     return paths
 
 

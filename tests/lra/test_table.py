@@ -605,7 +605,7 @@ def test_speed_and_memory_columns_from_the_records():
     text = table.markdown(result, "test records")
     assert "| model | ListOps | paper‡ | steps/s | MB | Text |" in text
     assert "| softmax | **30.00 ± 0.00**† | 37.10 | 2.50 | 800 |" in text and "| none | 17.00 ± 1.19† | 19.20 | – | – |" in text
-    assert "on cpu (2 cores); not recorded: compare them only between runs of one machine" in text
+    assert "Trained on cpu (2 cores); not recorded, in float32." in text and "compare them only between runs of one machine" in text
     frame = table.cells_frame(result).set_index("row")
     assert frame.loc["softmax", ["steps_per_s", "peak_memory_mb"]].tolist() == [2.5, 800.0]
     assert "steps/s" not in table.markdown(table.build(records, rows=table.ALL_ROWS), "test records"), "optional"
@@ -657,6 +657,104 @@ def test_precision_is_part_of_a_cells_identity_and_its_title():
     assert not any(s.duplicates for s in result.sections)
     assert [s.title for s in table.build([bf16]).sections] == ["smoke, precision=bf16-mixed"], "a lone bf16 run says so"
     assert [s.title for s in table.build([float32, older]).sections] == ["smoke"]
+
+
+def test_one_protocol_in_two_precisions_is_compared_row_by_row_within_the_noise():
+    """Issue 68: the paper's protocol in float32 on a CPU and in bf16 on a GPU are two sections, and the rows both have
+    are a check across devices: agreement where the difference is within twice its standard error."""
+    cpu, gpu = "AMD EPYC (2 cores)", "NVIDIA H200"
+
+    protocol, model = table.paper_setup("listops")
+
+    def run(row, seed, acc, precision, device):
+        return record(row, "listops", seed, acc, protocol=protocol, model=model, precision=precision, device=device)
+
+    def binomial(p):  # one seed's standard error: its test set's
+        return 100 * np.sqrt(p * (1 - p) / 1000)
+
+    records = [
+        run("softmax", 0, 0.370, "32-true", cpu),
+        run("none", 0, 0.190, "32-true", cpu),
+        run("yoso_32", 0, 0.360, "32-true", cpu),  # no bf16 run of it: nothing to compare
+        run("softmax", 0, 0.375, "bf16-mixed", gpu),
+        run("softmax", 1, 0.372, "bf16-mixed", gpu),
+        run("none", 0, 0.300, "bf16-mixed", gpu),
+    ]
+    result = table.build(records)
+    assert [s.title for s in result.sections] == ["paper, precision=32-true", "paper, precision=bf16-mixed"]
+    (pair,) = result.precision_pairs
+    assert (pair.first.precision, pair.second.precision) == ("32-true", "bf16-mixed")
+    cells = pair.cells.sort_index()
+    assert list(cells.index) == [("none", "listops"), ("softmax", "listops")]
+    none, softmax = cells.loc[("none", "listops")], cells.loc[("softmax", "listops")]
+    assert none["difference"] == pytest.approx(11.0) and not none["agree"]
+    assert none["difference_error"] == pytest.approx(np.hypot(binomial(0.19), binomial(0.30)))
+    assert softmax["difference"] == pytest.approx(0.35) and softmax["agree"]
+    assert softmax["devices_first"] == cpu and softmax["devices_second"] == gpu and softmax["num_seeds_second"] == 2
+    text = table.markdown(result, "test records")
+    assert "## `paper, precision=32-true` against `paper, precision=bf16-mixed`" in text
+    assert "1 of 2 agree." in text
+    assert (
+        f"| none | ListOps | 19.00 ± {binomial(0.19):.2f} (1) | {cpu} | 30.00 ± {binomial(0.3):.2f} (1) | {gpu} | +11.00" in text
+    )
+    assert f"Trained on {cpu}, in float32." in text and f"Trained on {gpu}, in bf16-mixed." in text
+    # Another protocol's sections, or one precision alone, are no pair.
+    assert not table.build([*records[:3], record("softmax", "listops", 0, 0.3, precision="bf16-mixed")]).precision_pairs
+    assert "against" not in table.markdown(table.build(records[:3]), "test records")
+
+
+def curve_csv(path, points, test_acc):
+    """A metrics.csv as Lightning's CSV logger writes it: training rows, an evaluation row per (step, accuracy), the
+    test row at the end."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["epoch,step,test/acc,train/loss,val/acc"]
+    for step, accuracy in points:
+        lines += [f"0,{step - 1},,2.0,", f"0,{step},,,{accuracy}"]
+    lines.append(f"1,{points[-1][0]},{test_acc},,")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_learning_curves_of_the_strongest_section_are_drawn_from_the_runs_metrics(tmp_path):
+    """Issue 68: a committed run's curve is results/runs/curves/<its name>.csv, a local run's its metrics.csv; the
+    table draws the first section with curves, a panel per row, each seed a line."""
+    results, outputs = tmp_path / "results", tmp_path / "outputs"
+    committed = [paper_record("softmax", "listops", seed, 0.37) for seed in (0, 1)] + [paper_record("none", "listops", 0, 0.19)]
+    (results / "runs").mkdir(parents=True)
+    for run in committed:
+        hashed(run)
+        name = table.run_file_name(run)
+        run.write(results / "runs" / name, committed=True)
+        curve_csv(results / "runs" / "curves" / name.replace(".json", ".csv"), [(50, 0.17), (100, 0.30)], run.test_acc)
+    local = hashed(record("softmax", "listops", 0, 0.30))  # a smoke run: another section, not the first
+    write_runs(outputs, [local])
+    curve_csv(outputs / "run0" / "metrics" / "metrics.csv", [(50, 0.2)], 0.3)
+
+    found = table.find_record_files([outputs, results / "runs"])
+    curves = table.find_curves(found)
+    assert set(curves) == {run.config_hash for run in [*committed, local]}
+    assert table.curves.validation_curve(curves[committed[0].config_hash]) == [(50, 17.0), (100, 30.0)]
+    result = table.build([run for _, run in found])
+    assert [(row, task, len(files)) for row, task, files in table.curves.panels(result.sections[0], curves)] == [
+        ("none", "listops", 1),
+        ("softmax", "listops", 2),
+    ]
+    plotted = []
+    original = plt.Axes.plot
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt.Axes, "plot", lambda ax, x, y, **kw: plotted.append((list(x), list(y))) or original(ax, x, y, **kw))
+        table.main(["--runs", str(outputs), "--results", str(results), "--out", str(outputs), "--paper", "table3"])
+    assert plotted == [([50, 100], [17.0, 30.0])] * 3, "the first section's three runs, each once"
+    assert (outputs / "table3_curves.png").stat().st_size > 0
+    # Without any curve, no figure of them.
+    (results / "runs" / "curves").rename(tmp_path / "elsewhere")
+    table.main(["--committed", "--results", str(results), "--paper", "table3"])
+    assert not (results / "table3_curves.png").exists() and (results / "table3.png").exists()
+
+
+def test_a_curve_of_a_resumed_run_counts_each_evaluation_once(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,val/acc\n0,50,0.2\n0,100,0.25\n0,100,0.26\n0,150,0.3\n")
+    assert table.curves.validation_curve(path) == [(50, 20.0), (100, 26.0), (150, 30.0)]
 
 
 def test_the_listops_split_puts_a_mean_of_exactly_28_on_the_learning_side():

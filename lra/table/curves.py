@@ -1,0 +1,115 @@
+"""The runs' learning curves: each run's validation accuracy against its step, beside the table's cells.
+
+A run's curve is its ``metrics.csv`` (Lightning's CSV logger: a row per logged step, a ``val/acc`` at each
+evaluation): in its run folder (``<folder>/metrics/metrics.csv`` beside ``results.json``) or, for a committed run,
+``results/runs/curves/<its record's name>.csv`` (``lra.campaign pack`` carries it there). :func:`find_curves` finds
+them for the records the table reads; :func:`figure` draws the first section that has any, a panel per row and task,
+each seed's curve beside the paper's number, so that a row that misses the paper is shown with how it trained.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import textwrap
+from pathlib import Path
+
+from ..results import RESULTS_FILE, RunRecord
+from .cells import LISTOPS_SPLIT
+from .sections import TASK_LABELS, Section, Table, row_label
+
+CURVES = "curves"  # results/runs/curves/<run file name>.csv: a committed run's metrics.csv
+PANEL_COLUMNS = 4
+
+
+def curve_file(path: Path) -> Path:
+    """Where the curve of the record read from ``path`` is: its run folder's metrics.csv, or a committed record's."""
+    if path.name == RESULTS_FILE:
+        return path.parent / "metrics" / "metrics.csv"
+    return path.parent / CURVES / f"{path.stem}.csv"
+
+
+def find_curves(found: list[tuple[Path, RunRecord]]) -> dict[str, Path]:
+    """The curve of each finished record that has one (:func:`curve_file`), by its configuration hash (which holds the
+    seed: one run per hash)."""
+    return {
+        record.config_hash: curve_file(path)
+        for path, record in found
+        if record.status == "finished" and record.config_hash and curve_file(path).is_file()
+    }
+
+
+def validation_curve(path: Path) -> list[tuple[int, float]]:
+    """The (step, validation accuracy %) of each evaluation in a ``metrics.csv``, in step order, each step once (a
+    resumed run logs the evaluation it resumed after again: the later row counts)."""
+    points: dict[int, float] = {}
+    with open(path, newline="") as file:
+        for row in csv.DictReader(file):
+            if row.get("val/acc") and row.get("step"):
+                points[int(float(row["step"]))] = 100 * float(row["val/acc"])
+    return sorted(points.items())
+
+
+def panels(section: Section, curves: dict[str, Path]) -> list[tuple[str, str, list[Path]]]:
+    """The (row, task, curve files) of each of ``section``'s cells with a curve, in the table's order."""
+    found = []
+    for (row, task), cell in section.in_order().iterrows():
+        files = [curves[digest] for digest in cell["config_hashes"] if digest in curves]
+        if files:
+            found.append((row, task, files))
+    return found
+
+
+def colour(row: str) -> str:
+    """A row's colour, as the table's figure has it: the YOSO rows orange, the others blue."""
+    return "tab:orange" if row.startswith("yoso") else "tab:blue"
+
+
+def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
+    """Draw the learning curves of the first section with any (the strongest evidence first) into ``path``: a panel
+    per row and task, each seed's validation accuracy against the step, the paper's number (dashed) and, for ListOps,
+    the paper's split (dotted); its title our test accuracy beside the paper's. Whether there was anything to draw."""
+    section, shown = next(((s, p) for s in table.sections if (p := panels(s, curves))), (None, []))
+    if section is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(PANEL_COLUMNS, len(shown))
+    lines = math.ceil(len(shown) / columns)
+    one_task = len({task for _, task, _ in shown}) == 1  # one scale then, so that the rows compare at a glance
+    size = (3.2 * columns, 2.4 * lines + 0.7)
+    fig, axes = plt.subplots(lines, columns, figsize=size, squeeze=False, sharey=one_task, layout="constrained")
+    for ax, (row, task, files) in zip(axes.flat, shown):
+        for file in files:
+            points = validation_curve(file)
+            ax.plot([step for step, _ in points], [accuracy for _, accuracy in points], linewidth=1, color=colour(row))
+        paper = section.published.number(row, task)
+        if paper is not None and not math.isnan(paper):
+            ax.axhline(paper, color="0.4", linestyle="--", linewidth=1)
+        if task == "listops":
+            ax.axhline(LISTOPS_SPLIT, color="black", linestyle=":", linewidth=0.8)
+        cell = section.cell(row, task)
+        ours = f"test {cell['mean']:.2f}" + (f" (paper {paper:.2f})" if paper is not None and not math.isnan(paper) else "")
+        ax.set_title(f"{row_label(row, section.published)}, {TASK_LABELS.get(task, task)}: {ours}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(shown) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("step", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("validation accuracy (%)", fontsize=8)
+    seeds = "each seed a line; " if any(len(files) > 1 for _, _, files in shown) else ""
+    fig.suptitle(
+        textwrap.fill(
+            f"{section.title}: learning curves ({seeds}dashed: the paper's number; dotted: ListOps split at {LISTOPS_SPLIT:g}%)",
+            40 * columns,
+        ),
+        fontsize=9,
+    )
+    fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: same runs, same bytes
+    plt.close(fig)
+    return True
