@@ -31,9 +31,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import os
 import textwrap
 from collections.abc import Iterable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -51,6 +53,12 @@ CONFIG_MODULE = "lra.conf"
 CONFIG_NAME = "config"
 MAX_RUN_NAME = 120  # file names are limited to 255 bytes
 PRETRAINING_OBJECTIVES = ("none", "mlm")  # conf/pretrain/<objective>.yaml
+
+
+def output_dir() -> Path:
+    """The output folder of the commands that do not compose a run (``lra.campaign``, ``lra.table``): the one
+    ``conf/paths/default.yaml`` gives a run, ``$LRA_OUTPUT_DIR`` or ``outputs`` in the folder the command runs in."""
+    return Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
 
 
 def run_name(overrides: str, precision: str | int = FLOAT32) -> str:

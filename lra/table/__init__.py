@@ -16,9 +16,9 @@ The records become a table in four stages, a module each, each rule beside the c
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from .. import config
 from ..paper import TABLE3, TABLES
 from . import curves
 from .cells import LISTOPS_SPLIT, TASKS, agreement, cell_frame, frame, on_papers_side, spearman
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     committed table never holds a run that is not committed beside it. ``--speed`` adds each cell's training steps
     per second and peak memory, from the records.
     """
-    output_dir = Path(os.environ.get("LRA_OUTPUT_DIR", "outputs"))
+    output_dir = config.output_dir()
     parser = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--runs",
