@@ -605,7 +605,8 @@ def test_speed_and_memory_columns_from_the_records():
     text = table.markdown(result, "test records")
     assert "| model | ListOps | paper‡ | steps/s | MB | Text |" in text
     assert "| softmax | **30.00 ± 0.00**† | 37.10 | 2.50 | 800 |" in text and "| none | 17.00 ± 1.19† | 19.20 | – | – |" in text
-    assert "Trained on cpu (2 cores); not recorded, in float32." in text and "compare them only between runs of one machine" in text
+    assert "Trained on cpu (2 cores); not recorded, in float32." in text
+    assert "compare them only between runs of one machine" in text
     frame = table.cells_frame(result).set_index("row")
     assert frame.loc["softmax", ["steps_per_s", "peak_memory_mb"]].tolist() == [2.5, 800.0]
     assert "steps/s" not in table.markdown(table.build(records, rows=table.ALL_ROWS), "test records"), "optional"
