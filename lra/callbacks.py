@@ -20,8 +20,8 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 from pytorch_lightning.trainer.states import TrainerFn
 
 from . import signals
+from .files import DiskFull, write_atomically
 from .module import metrics_row_due, read_checkpoint
-from .results import DiskFull, write_atomically
 
 
 class TrainingSpeed(Callback):
@@ -281,12 +281,12 @@ def read_own_checkpoint(checkpoint: Path, config_hash: str, seed: int, fix: str)
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, its files written atomically beside their target
-    (:func:`lra.results.write_atomically`).
+    (:func:`lra.files.write_atomically`).
 
     Lightning's own writes through fsspec, which stages a file under $TMPDIR and moves it: with the outputs on another
     filesystem (a cluster's scratch or NFS), the move is a copy, and a kill or a full disk during it left a 0-byte
     ``last.ckpt`` or a truncated best checkpoint that every rerun failed on. Here a kill or a full disk at any moment
-    leaves the previous version whole, and a full disk is one message (:class:`lra.results.DiskFull`)."""
+    leaves the previous version whole, and a full disk is one message (:class:`lra.files.DiskFull`)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:

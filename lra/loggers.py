@@ -12,11 +12,11 @@ from pytorch_lightning.loggers import CSVLogger as LightningCSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-from .results import write_atomically
+from .files import write_atomically
 
 
 class AtomicExperimentWriter(ExperimentWriter):
-    """Lightning's metrics.csv writer, each save written whole (:func:`lra.results.write_atomically`): Lightning
+    """Lightning's metrics.csv writer, each save written whole (:func:`lra.files.write_atomically`): Lightning
     appends the new rows in place, where a kill or a full disk could leave half a row for the resumed run to read."""
 
     def save(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .results import write_atomically
+from .files import write_atomically
 
 Row = dict[str, Any]
 

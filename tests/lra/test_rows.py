@@ -6,7 +6,7 @@ import os
 import pytest
 
 from lra import rows as store
-from lra.results import DiskFull
+from lra.files import DiskFull
 
 
 def test_rows_read_back_typed_and_a_column_an_older_file_lacks_is_empty(tmp_path):

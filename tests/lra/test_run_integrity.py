@@ -17,7 +17,8 @@ from test_train import results_files
 from lra import config, results, table
 from lra.callbacks import AtomicCheckpointIO, RunIdentity
 from lra.config import checked
-from lra.results import CLASSIFICATION, PRETRAINING, DiskFull, RunRecord, new_record, record_configuration
+from lra.files import DiskFull
+from lra.results import CLASSIFICATION, PRETRAINING, RunRecord, new_record, record_configuration
 from lra.run import (
     UNREADABLE_CHECKPOINT,
     EarlierRun,
