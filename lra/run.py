@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import config, results, run_lock
 from .data.cache import file_sha256
+from .finished import finished_record, finished_runs, record_paths
 from .results import CLASSIFICATION, PRETRAINING, RunRecord
 
 log = logging.getLogger(__name__)
@@ -55,47 +56,21 @@ class RunFailed(Exception):
         self.record = record
 
 
-def finished_record(path: Path, config_hash: str) -> RunRecord | None:
-    """The record in ``path`` if it is a finished run of the configuration hashed ``config_hash``: its stored hash says
-    so and the hash recomputed from the configuration it holds agrees (:func:`lra.results.config_hash_problem`). One
-    whose stored hash alone claims this configuration is named and never stands for it."""
-    record = results.read(path)
-    if record is None or record.status != "finished" or record.config_hash != config_hash:
-        return None
-    if problem := results.config_hash_problem(record):
-        log.warning("Not skipping for %s: %s. It is not this configuration's run; move it away or delete it", path, problem)
-        return None
-    return record
-
-
 def finished_elsewhere(cfg: DictConfig, config_hash: str, output_dir: Path) -> Path | None:
     """The ``results.json`` of a finished run of this configuration in another folder under the output folder: one
-    the same settings, written differently (``seed=0`` spelled out, another sweep's overrides), named otherwise. The
-    hash is looked for in each file's text before the file is parsed, so that a large output folder stays cheap."""
-    root = Path(cfg.paths.output_dir)
+    the same settings, written differently (``seed=0`` spelled out, another sweep's overrides), named otherwise."""
     own = (output_dir / results.RESULTS_FILE).resolve()
-    for path in sorted(root.rglob(results.RESULTS_FILE)) if root.is_dir() else []:
-        try:
-            if config_hash not in path.read_text() or path.resolve() == own:
-                continue
-        except OSError:  # a folder removed while the output folder is walked
-            continue
-        if finished_record(path, config_hash) is not None:
-            return path
-    return None
+    others = [path for path in record_paths(Path(cfg.paths.output_dir)) if path.resolve() != own]
+    return finished_runs([config_hash], others).get(config_hash)
 
 
 def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
     """A finished run of this configuration among the committed records (``paths.runs_dir``, which
     ``lra.table --collect`` fills), so that a sweep resumed in a fresh checkout, whose outputs/ is
     gone, skips what earlier sittings finished and committed."""
-    runs_dir = Path(cfg.paths.get("runs_dir") or "")
-    if not cfg.paths.get("runs_dir") or not runs_dir.is_dir():
+    if not cfg.paths.get("runs_dir"):
         return None
-    for path in sorted(runs_dir.glob(f"{cfg.task.name}__*.json")):
-        if finished_record(path, config_hash) is not None:
-            return path
-    return None
+    return finished_runs([config_hash], record_paths(Path(cfg.paths.runs_dir))).get(config_hash)
 
 
 def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:

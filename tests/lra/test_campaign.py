@@ -139,11 +139,11 @@ def test_status_shows_a_running_cells_step_from_its_metrics(tmp_path):
     (folder / "metrics").mkdir(parents=True)
     (folder / "metrics" / "metrics.csv").write_text("epoch,step,train/loss,val/acc\n0,49,2.3,\n0,49,,0.25\n0,99,2.1,\n")
     cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 5000, 0)
-    plan = {"cells": [cell.__dict__], "output_dir": str(tmp_path / "out"), "runs_dir": str(tmp_path / "runs")}
+    where = [tmp_path / "out", tmp_path / "runs"]
     (tmp_path / "c" / campaign.CELLS).mkdir(parents=True)
-    assert [s.status for s in campaign.cell_states(tmp_path / "c", plan)] == ["pending"]
+    assert [s.status for s in campaign.cell_states(tmp_path / "c", [cell], *where)] == ["pending"]
     with run_lock.held(folder):
-        (state,) = campaign.cell_states(tmp_path / "c", plan)
+        (state,) = campaign.cell_states(tmp_path / "c", [cell], *where)
     assert state.status == "running" and state.detail.startswith("step 100/5000, val acc 0.2500 (pid ")
 
 
@@ -527,10 +527,10 @@ def test_a_diverged_cell_is_not_trained_again_and_its_verdict_goes_to_the_next_j
         folder / "results.json"
     )
     cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 24, 0)
-    plan = {"cells": [cell.__dict__], "output_dir": str(outputs), "runs_dir": str(tmp_path / "results" / "runs")}
+    runs = tmp_path / "results" / "runs"
     campaign_dir = tmp_path / "campaign"
     campaign_dir.mkdir()
-    [state] = campaign.cell_states(campaign_dir, plan)
+    [state] = campaign.cell_states(campaign_dir, [cell], outputs, runs)
     assert state.status == "diverged" and "from step 5" in state.detail
     members = campaign.unfinished_state(state, outputs)
     assert sorted(members) == ["state/listops/softmax/seed=0/results.json"]
@@ -538,8 +538,8 @@ def test_a_diverged_cell_is_not_trained_again_and_its_verdict_goes_to_the_next_j
     elsewhere = tmp_path / "next" / "outputs" / "listops" / "softmax" / "seed=0"
     said = campaign.restore_cell(elsewhere, {"results.json": members["state/listops/softmax/seed=0/results.json"]})
     assert "diverged" in said and RunRecord.read(elsewhere / "results.json").status == "diverged"
-    plan_there = {**plan, "cells": [{**cell.__dict__, "folder": str(elsewhere)}], "output_dir": str(tmp_path / "next")}
-    assert [s.status for s in campaign.cell_states(campaign_dir, plan_there)] == ["diverged"]
+    there = Cell(**{**cell.__dict__, "folder": str(elsewhere)})
+    assert [s.status for s in campaign.cell_states(campaign_dir, [there], tmp_path / "next", runs)] == ["diverged"]
 
 
 @pytest.mark.parametrize("taken_by", ["a campaign that started while this one planned", "another start"])
@@ -561,7 +561,7 @@ def test_a_start_in_a_folder_taken_while_it_planned_refuses_at_once_naming_the_h
         others.append(holding(folder, lock_file))
         return plan
 
-    monkeypatch.setattr(campaign, "make_plan", plan_while_the_other_takes_the_folder)
+    monkeypatch.setattr(campaign.control, "make_plan", plan_while_the_other_takes_the_folder)
     try:
         assert campaign.main(["start", "--dir", str(folder), "attention=none", *TINY]) == 1
     finally:

@@ -20,6 +20,7 @@ from tiny_listops import TINY
 
 from lra import campaign
 from lra.campaign import CampaignError, Cell, Share
+from lra.rows import read_rows
 
 FAKE_MPS = '''#!{python}
 """A stand-in for nvidia-cuda-mps-control. -d: a detached daemon opens $CUDA_MPS_PIPE_DIRECTORY/control and writes its
@@ -62,7 +63,7 @@ def fake_mps(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    monkeypatch.setattr(campaign, "MPS_DEFAULT_PIPE", tmp_path / "no_default_mps")
+    monkeypatch.setattr(campaign.mps, "MPS_DEFAULT_PIPE", tmp_path / "no_default_mps")
     yield record
     if (record / "daemon.json").is_file() and not (record / "quit.json").is_file():  # a test that failed half-way
         os.kill(json.loads((record / "daemon.json").read_text())["pid"], signal.SIGKILL)
@@ -109,7 +110,7 @@ def test_a_daemon_already_running_for_the_user_is_used_as_it_is_and_left_running
     if where == "CUDA_MPS_PIPE_DIRECTORY":
         monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
     else:
-        monkeypatch.setattr(campaign, "MPS_DEFAULT_PIPE", pipe)
+        monkeypatch.setattr(campaign.mps, "MPS_DEFAULT_PIPE", pipe)
     with campaign.mps_daemon(wanted, True, tmp_path / "mps") as env:
         assert env == {}, "the cells find it as this process does"
     assert started(fake_mps) is None and not (fake_mps / "quit.json").exists() and (pipe / "control").exists()
@@ -230,7 +231,7 @@ def test_mps_auto_is_used_for_k_cells_unless_measured_slower_at_that_k():
 @pytest.fixture
 def gpu_curve(fake_mps, tmp_path, monkeypatch):
     """Write a GPU device's curve; --parallel and --mps chosen from it as on a 16-core GPU machine with MPS."""
-    monkeypatch.setattr(campaign, "cores", lambda: 16)
+    monkeypatch.setattr(campaign.control, "cores", lambda: 16)
     trainer = SimpleNamespace(accelerator="gpu")
     path = tmp_path / "results" / f"cells_per_hour_{campaign.device_slug(trainer)}.csv"
 
@@ -286,17 +287,11 @@ def test_a_campaigns_measured_row_goes_under_its_own_mps_setting_and_speedups_st
                 {**old, "parallel": "2", "cells_per_hour": "16", "cell": "campaign of 3 cells: x"},
             ]
         )
-    plan = {
-        "device": "cuda_h200",
-        "runs_dir": str(results / "runs"),
-        "cells": [CELL.__dict__] * 3,
-        "overrides": ["x"],
-        "cores": 16,
-    }
+    plan = SimpleNamespace(device="cuda_h200", runs_dir=str(results / "runs"), cells=[CELL] * 3, overrides=["x"], cores=16)
     said = campaign.record_throughput(plan, 2, [CELL, CELL], 20, 3600, True)
     assert said.startswith("K = 2 with MPS: 20 steps in 3600 s, 2.0 cells per hour")
     campaign.record_throughput(plan, 2, [CELL], 25, 3600, True)  # the next job's campaign with MPS replaces its row
-    curve = campaign.read_rows(path)
+    curve = read_rows(path)
     assert [(r["parallel"], r["mps"], r["cells_per_hour"], r["speedup"]) for r in curve] == [
         ("1", "off", "10.0", "1.0"),
         ("2", "off", "16.0", "1.6"),
@@ -311,7 +306,7 @@ def test_a_campaign_under_mps_starts_the_daemon_before_its_cells_connects_them_a
     """Two tiny cells at once, MPS forced on a CPU campaign (its one gate, mps_problem, says yes): the campaign's own
     daemon, its variables in each cell's environment, quit once both cells ended."""
     env = {**os.environ, "LRA_DATA_DIR": str(tmp_path / "data"), "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
-    forced = "import sys; from lra import campaign; campaign.mps_problem = lambda trainer: None; sys.exit(campaign.main())"
+    forced = "import sys; from lra import campaign as c; c.control.mps_problem = lambda trainer: None; sys.exit(c.main())"
     argv = ["start", "--foreground", "--parallel", "2", "--mps", "on", "attention=softmax,none", *TINY]
     done = subprocess.run(
         [sys.executable, "-c", forced, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300

@@ -13,6 +13,7 @@ from tiny_listops import TINY
 
 from lra import campaign
 from lra.campaign import BEST_SHARE, Ramp
+from lra.rows import read_rows
 
 STARTUP_S, TICK_S = 12.0, 5.0  # a simulated cell logs no step for its first 12 s; the campaign reads steps every 5 s
 
@@ -109,7 +110,7 @@ def test_an_auto_campaign_measures_k_on_its_cells_doubles_it_and_records_the_rat
         "task.protocol.max_steps=120",
         "task.protocol.val_check_interval=20",  # steps logged every 20
     ]
-    four_cores = "import sys; import lra.campaign as c; c.cores = lambda: 4; sys.exit(c.main(sys.argv[1:]))"
+    four_cores = "import sys; import lra.campaign as c; c.control.cores = lambda: 4; sys.exit(c.main(sys.argv[1:]))"
     argv = ["start", "--foreground", "--parallel", "auto", "--measure-window", "4", *cells]
     done = subprocess.run(
         [sys.executable, "-c", four_cores, *argv], cwd=home, env=env, capture_output=True, text=True, timeout=600
@@ -120,7 +121,7 @@ def test_an_auto_campaign_measures_k_on_its_cells_doubles_it_and_records_the_rat
     assert measured and float(measured.group(1)) > 0, log[-3000:]
     after = log[measured.end() :]
     assert re.search(r"launched .*, [34] running\)", after), "more than two cells at once after K = 4"
-    curve = campaign.read_rows(home / "results" / "cells_per_hour_cpu.csv")
+    curve = read_rows(home / "results" / "cells_per_hour_cpu.csv")
     rows = [(r["parallel"], r["cell"].split(":")[0]) for r in curve]
     assert ("2", "campaign of 4 cells") in rows
     row = next(r for r in curve if r["parallel"] == "2")

@@ -1,0 +1,106 @@
+"""Where each of a campaign's cells stands: finished, committed, running (its step), diverged, failed, interrupted or
+pending, read from the files its run and the campaign leave (records, locks, metrics, the cells' exit files)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import results, run_lock
+from ..finished import finished_runs, record_paths
+from .plan import CELLS, LOG_FILE, Cell, Plan
+
+STATES = ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
+
+
+def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The finished run of each cell's configuration, by hash: under the output folder (its own folder first, as
+    ``lra.train`` looks) and committed under ``runs_dir`` (:func:`lra.finished.finished_runs`)."""
+    hashes = {cell.config_hash for cell in cells}
+    own = [Path(cell.folder) / results.RESULTS_FILE for cell in cells]
+    return finished_runs(hashes, [*own, *record_paths(output_dir)]), finished_runs(hashes, record_paths(runs_dir))
+
+
+def progress(folder: Path) -> tuple[int | None, float | None]:
+    """The latest logged step of a run and its latest validation accuracy, from its metrics.csv."""
+    path = folder / "metrics" / "metrics.csv"
+    step, val = None, None
+    try:
+        with open(path, newline="") as file:
+            for row in csv.DictReader(file):
+                if row.get("step"):
+                    step = int(float(row["step"])) + 1  # Lightning logs step s after s + 1 updates
+                if row.get("val/acc"):
+                    val = float(row["val/acc"])
+    except (OSError, ValueError):
+        pass
+    return step, val
+
+
+@dataclass
+class CellState:
+    cell: Cell
+    status: str  # one of STATES
+    detail: str
+    record: Path | None = None  # the finished record, for pack
+
+
+def cell_states(campaign: Path, cells: list[Cell], output_dir: Path, runs_dir: Path) -> list[CellState]:
+    """Where each of the ``cells`` of the campaign in ``campaign`` stands, its finished runs looked for under
+    ``output_dir`` and among the records committed in ``runs_dir``."""
+    found, committed = finished_records(cells, Path(output_dir), Path(runs_dir))
+    alive = run_lock.holder(campaign) is not None
+    return [cell_state(campaign, cell, found, committed, alive) for cell in cells]
+
+
+def plan_states(campaign: Path, plan: Plan) -> list[CellState]:
+    return cell_states(campaign, plan.cells, Path(plan.output_dir), Path(plan.runs_dir))
+
+
+def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: dict[str, Path], alive: bool) -> CellState:
+    """Where ``cell`` stands: its finished run (``found``) or committed one, its folder's lock, its record, whether the
+    campaign launched it (``cells/<n>.log``), how it ended (``cells/<n>.exit``) and whether the campaign is ``alive``."""
+    folder = Path(cell.folder)
+    exit_file = campaign / CELLS / f"{cell.index}.exit"
+    launched = (campaign / CELLS / f"{cell.index}.log").is_file()
+    step, val = progress(folder)
+    steps = f"step {step or 0}/{cell.max_steps}" + (f", val acc {val:.4f}" if val is not None else "")
+    record = results.read(folder / results.RESULTS_FILE)
+    if cell.config_hash in found:
+        finished = results.read(found[cell.config_hash])
+        where = "" if found[cell.config_hash].parent == folder else f" (in {found[cell.config_hash].parent})"
+        return CellState(cell, "finished", f"test acc {finished.test_acc:.4f}{where}", found[cell.config_hash])
+    if cell.config_hash in committed:
+        return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}")
+    if holder := run_lock.holder(folder):
+        return CellState(cell, "running", f"{steps} ({holder})")
+    if record and record.status == "diverged":
+        # Its settings make it diverge: run again, it would again. Not run, and its record goes on from job to job.
+        return CellState(cell, "diverged", f"{steps}: {(record.error or '').splitlines()[0][:160]}")
+    if launched and exit_file.is_file():
+        status = record.status if record and record.status in ("failed", "interrupted") else "failed"
+        error = record.error if record and record.error else f"exit status {exit_file.read_text().strip()}"
+        error += "" if record else ", no record"
+        error += "; start resumes it from its last.ckpt" if status == "interrupted" else ""
+        return CellState(cell, status, f"{steps}: {error.splitlines()[0][:160]}")
+    if launched and alive:
+        return CellState(cell, "running", "starting")
+    if launched:
+        return CellState(cell, "failed", f"{steps}: the campaign stopped while it ran (see {LOG_FILE})")
+    return CellState(cell, "pending", steps if step else "")
+
+
+def status_text(campaign: Path, plan: Plan) -> str:
+    """The campaign in words: its plan, its process, the count of its cells in each state, and each cell."""
+    states = plan_states(campaign, plan)
+    holder = run_lock.holder(campaign)
+    counts = {name: sum(s.status == name for s in states) for name in STATES}
+    lines = [plan.describe(), f"Campaign process: {'running, ' + holder if holder else 'not running'}"]
+    lines.append(
+        f"{len(states)} cells: " + ", ".join(f"{count} {name}" for name, count in counts.items() if count or name == "finished")
+    )
+    width = max(len(s.cell.name) for s in states)
+    for state in states:
+        lines.append(f"  {state.status:<11} {state.cell.name:<{width}}  {state.detail}")
+    return "\n".join(lines)
