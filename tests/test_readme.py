@@ -215,7 +215,12 @@ RULES = [
         append=("--dry-run",),
         why="trains for hours on a GPU: every cell composed and listed, what would run",
     ),
-    Rule(r"^python -m lra\.campaign stop$", why="no campaign runs here: says so"),
+    Rule(r"^python -m lra\.campaign stop( |$)", why="no campaign runs here: says so"),
+    Rule(r"^python -m lra\.campaign unpack --missing-ok ", why="nothing is carried into the scratch folder: says so"),
+    Rule(
+        r"^python -m lra\.campaign pack ",
+        not_run="packs a campaign's folder; tests/lra/test_campaign.py packs one and unpacks it in a fresh folder",
+    ),
     Rule(
         r"^python -m lra\.campaign (status|unpack)",
         not_run="reads a campaign or the archive of one; tests/lra/test_campaign.py starts one, polls it, packs and unpacks it",

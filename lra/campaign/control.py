@@ -193,7 +193,7 @@ def start(args: argparse.Namespace) -> int:
 
 
 def detach(campaign: Path) -> subprocess.Popen:
-    """Launch the campaign's process in a session of its own, and wait (up to a minute) until it holds the folder."""
+    """Launch the campaign's process detached (``setsid``), and wait (up to a minute) until it holds the folder."""
     with open(campaign / LOG_FILE, "a") as logfile:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "lra.campaign", "run", "--dir", str(campaign)],

@@ -11,7 +11,7 @@ from typing import Any
 
 from .plan import CampaignError, Cell
 
-AUTOGROUP = Path("/proc/self/autogroup")  # Linux's scheduling group of this process's session, and its nice value
+AUTOGROUP = Path("/proc/self/autogroup")  # Linux's scheduling group of this detached process and its children, its nice
 
 
 def cores() -> int:
@@ -71,19 +71,19 @@ def check_device(trainer: Any) -> None:
 
 
 def lower_priority(nice: int) -> str:
-    """Run this process, and every process it starts, at niceness ``nice`` (at least), and where this process leads its
-    own session (the campaign's detached process), give that session's scheduling group the same nice value; in words.
+    """Run this process, and every process it starts, at niceness ``nice`` (at least), and where this process is
+    detached (``setsid``: the campaign's own process), give its scheduling group the same nice value; in words.
 
-    Linux schedules each session as one group (autogroup, on by default) and divides the CPU between groups before it
-    looks at a process's own niceness, so a campaign detached into a session of its own at nice 19 still takes half of
-    the machine from the user's shell (docs/scale-out.md has the measurement). A group's value can be raised without
-    privileges; a campaign in the foreground, in the user's session, leaves the session's group alone."""
+    Linux puts each detached group of processes in a scheduling group of its own (autogroup, on by default) and divides
+    the CPU between groups before it looks at a process's niceness, so a detached campaign at nice 19 still takes half
+    of the machine from the user's shell (docs/scale-out.md has the measurement). A group's value can be raised without
+    privileges; a campaign in the foreground, in the user's terminal's group, leaves that group alone."""
     raised = os.nice(max(0, nice - os.nice(0)))
     said = f"nice {raised}"
     if os.getsid(0) == os.getpid() and AUTOGROUP.exists():
         try:
             AUTOGROUP.write_text(f"{nice}\n")
-            said += f", its session's scheduling group at nice {nice}"
+            said += f", its scheduling group at nice {nice}"
         except OSError as error:
-            said += f" (its session's scheduling group could not be set: {error.strerror})"
+            said += f" (its scheduling group could not be set: {error.strerror})"
     return said

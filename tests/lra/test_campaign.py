@@ -309,22 +309,22 @@ def test_stop_wait_waits_for_the_campaign_to_end_and_says_when_it_has_not(tmp_pa
 
 
 @pytest.mark.skipif(not campaign.AUTOGROUP.exists(), reason="Linux's autogroup scheduling is not on this machine")
-def test_a_niced_campaign_lowers_its_sessions_scheduling_group_and_never_anothers():
-    """A detached campaign leads its own session, which Linux schedules as one group: at nice 19 in a group at nice 0 it
-    took half the machine from a shell's work. Its group gets its niceness; a campaign in the foreground, in the
-    user's session, leaves that session's group alone."""
+def test_a_niced_campaign_lowers_its_own_scheduling_group_and_never_anothers():
+    """A detached campaign (setsid) is a scheduling group of its own for Linux: at nice 19 in a group at nice 0 it took
+    half the machine from a shell's work. Its group gets its niceness; a campaign in the foreground, in the user's
+    terminal's group, leaves that group alone."""
     probe = (
         "import os, sys\n"
-        "if sys.argv[1] == 'own session': os.setsid()\n"
+        "if sys.argv[1] == 'detached': os.setsid()\n"
         "from lra.campaign import lower_priority\n"
         "print(lower_priority(7)); print(os.nice(0)); print(open('/proc/self/autogroup').read().split()[-1])"
     )
-    for where, group_nice in (("own session", "7"), ("the caller's session", campaign.AUTOGROUP.read_text().split()[-1])):
+    for where, group_nice in (("detached", "7"), ("in the foreground", campaign.AUTOGROUP.read_text().split()[-1])):
         said, nice, group = subprocess.run(
             [sys.executable, "-c", probe, where], capture_output=True, text=True, check=True
         ).stdout.splitlines()
         assert (nice, group) == ("7", group_nice), where
-        assert said == ("nice 7, its session's scheduling group at nice 7" if where == "own session" else "nice 7")
+        assert said == ("nice 7, its scheduling group at nice 7" if where == "detached" else "nice 7")
 
 
 def test_unpack_missing_ok_starts_with_nothing_carried(tmp_path, capsys, monkeypatch):

@@ -47,9 +47,10 @@ def test_a_full_disk_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
 
 def test_the_same_figure_twice_is_the_same_bytes(tmp_path):
     plt = store.pyplot()
+    open_before = plt.get_fignums()
     for name in ("a.png", "b.png"):
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3], [3, 1, 2])
         store.save_figure(fig, tmp_path / name)
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
-    assert not plt.get_fignums(), "closed"
+    assert plt.get_fignums() == open_before, "closed"
