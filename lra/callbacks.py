@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import sys
@@ -19,9 +18,9 @@ from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn
 
-from . import signals
-from .files import DiskFull, write_atomically
-from .module import metrics_row_due, read_checkpoint
+from . import checkpoints, signals
+from .files import DiskFull
+from .steps import metrics_row_due, something_due_after
 
 
 class TrainingSpeed(Callback):
@@ -225,77 +224,44 @@ def diverged(module: pl.LightningModule) -> bool:
     return False
 
 
-def something_due_after(trainer: pl.Trainer) -> bool:
-    """Whether the training batch just ended is followed by an evaluation (every ``val_check_interval``
-    batches, counted over the run or, with ``check_val_every_n_epoch``, within the epoch; and at an
-    epoch's end) or writes a metrics row (every ``log_every_n_steps`` steps). Where in doubt it says
-    yes: that only delays a stop by a step."""
-    loop = trainer.fit_loop.epoch_loop
-    batches = loop.total_batch_idx + 1 if trainer.check_val_every_n_epoch is None else loop.batch_idx + 1
-    every = trainer.val_check_batch
-    evaluates = trainer.enable_validation and (
-        loop.batch_progress.is_last_batch or (every != float("inf") and batches % every == 0)
-    )
-    return evaluates or trainer.global_step % trainer.log_every_n_steps == 0
-
-
 class RunIdentity(Callback):
     """Stamps every checkpoint with the run it belongs to (its configuration hash and seed, under the callbacks' state
     ``RunIdentity``), so that a resume, a test or a carried folder can tell a foreign checkpoint from its own
-    (:func:`checkpoint_identity`). Lightning would resume any checkpoint whose shapes fit."""
+    (:func:`lra.checkpoints.identity`). Lightning would resume any checkpoint whose shapes fit."""
 
     def __init__(self, config_hash: str, seed: int) -> None:
         self.identity = {"config_hash": config_hash, "seed": seed}
+
+    @property
+    def state_key(self) -> str:
+        return checkpoints.IDENTITY
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self.identity)
 
 
-def checkpoint_identity(contents: dict[str, Any]) -> dict[str, Any] | None:
-    """The :class:`RunIdentity` a checkpoint's contents carry; None for one written without it."""
-    return contents.get("callbacks", {}).get(RunIdentity.__qualname__)
-
-
-def read_own_checkpoint(checkpoint: Path, config_hash: str, seed: int, fix: str) -> dict[str, Any]:
-    """The contents of ``checkpoint`` (read safely: :func:`lra.module.read_checkpoint`) where it is a checkpoint of
-    the run of ``config_hash`` and ``seed`` (or one written before run identities); else one message naming the file,
-    what is wrong with it and ``fix``. Another configuration's checkpoint (copied or moved in) would be trained on,
-    tested, and recorded as this configuration's; Lightning reads any whose shapes fit."""
-    try:
-        contents = read_checkpoint(checkpoint)
-    except ValueError:  # one that holds more than tensors and plain data: read_checkpoint's own message
-        raise
-    except Exception as error:  # a write cut short by an older version, a copy cut short, a damaged disk
-        raise ValueError(
-            f"{checkpoint} cannot be read ({type(error).__name__}: {str(error)[:120]}): it is damaged, perhaps by a write "
-            f"cut short; {fix}"
-        ) from None
-    identity = checkpoint_identity(contents)
-    if identity is not None and (identity.get("config_hash"), identity.get("seed")) != (config_hash, seed):
-        raise ValueError(
-            f"{checkpoint} is a checkpoint of another configuration or seed (config {identity.get('config_hash')}, seed "
-            f"{identity.get('seed')}), not of this run's ({config_hash}, seed {seed}): {fix}"
-        )
-    return contents
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, its files written atomically beside their target
-    (:func:`lra.files.write_atomically`).
+    """Lightning's checkpoint reader and writer through :mod:`lra.checkpoints`: every checkpoint written whole beside its
+    target with its digest recorded, and read with ``weights_only=True`` against that digest.
 
-    Lightning's own writes through fsspec, which stages a file under $TMPDIR and moves it: with the outputs on another
-    filesystem (a cluster's scratch or NFS), the move is a copy, and a kill or a full disk during it left a 0-byte
-    ``last.ckpt`` or a truncated best checkpoint that every rerun failed on. Here a kill or a full disk at any moment
-    leaves the previous version whole, and a full disk is one message (:class:`lra.files.DiskFull`)."""
+    Lightning's own writer goes through fsspec, which stages a file under $TMPDIR and moves it: with the outputs on
+    another filesystem (a cluster's scratch or NFS), the move is a copy, and a kill or a full disk during it left a
+    0-byte ``last.ckpt`` or a truncated best checkpoint that every rerun failed on. Here a kill or a full disk at any
+    moment leaves the previous version whole, and a full disk is one message (:class:`lra.files.DiskFull`). Lightning's
+    reader unpickles with torch's default, which before torch 2.6 runs whatever a file holds."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        write_atomically(path, buffer.getvalue())
+        checkpoints.write(Path(path), checkpoint)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if weights_only is False:
+            raise ValueError("checkpoints are read with weights_only=True only (lra.checkpoints): nothing in one may run code")
+        return checkpoints.read(Path(path))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        checkpoints.remove(Path(path))
 
 
 class RunFolderCheckpoint(ModelCheckpoint):

@@ -22,15 +22,8 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
 
-from . import results
-from .callbacks import (
-    AtomicCheckpointIO,
-    CheckpointOnInterrupt,
-    RunIdentity,
-    read_own_checkpoint,
-    steps_per_second,
-    timed_machine_load,
-)
+from . import checkpoints, results
+from .callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, RunIdentity, steps_per_second, timed_machine_load
 from .datamodule import LRADataModule
 from .module import (
     LRAClassificationModule,
@@ -43,7 +36,6 @@ from .module import (
 )
 from .protocol import Protocol
 from .results import CLASSIFICATION, PRETRAINING
-from .run import checkpoint_step
 
 log = logging.getLogger(__name__)
 # Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
@@ -163,7 +155,7 @@ def build_trainer(
     if not cfg.trainer.enable_progress_bar:  # Lightning refuses a progress bar callback it was told not to show
         callbacks = [callback for callback in callbacks if not isinstance(callback, ProgressBar)]
     # A resumed run continues metrics.csv from the checkpoint's step (Lightning would start it afresh).
-    resume_step = checkpoint_step(resume_from) if resume_from else None  # read safely before Lightning unpickles it
+    resume_step = checkpoints.step(resume_from) if resume_from else None  # read safely before Lightning unpickles it
     resume = {"resume_step": resume_step} if resume_from and "resume_step" in cfg.logger else {}
     trainer = pl.Trainer(
         **arguments,
@@ -217,7 +209,7 @@ def what_trained(trainer: pl.Trainer, module: LRAModule) -> dict[str, Any]:
         machine_load=timed_machine_load(trainer.callbacks),
         processes=trainer.world_size,
         best_val_acc=float(trainer.checkpoint_callback.best_model_score),
-        best_val_step=checkpoint_step(Path(best)),  # read safely before Lightning tests it
+        best_val_step=checkpoints.step(Path(best)),  # read safely before Lightning tests it
         best_checkpoint=str(best),
         **({"skipped_steps": module.skipped_steps} if module.hparams.skip_non_finite_steps else {}),
     )
@@ -254,7 +246,7 @@ def fit_and_test(
     if identity is not None and (best := trainer.checkpoint_callback.best_model_path):
         # The best checkpoint may be one a resumed run found in its folder: test only this run's.
         fix = f"delete {Path(best).parent} and run the same command again to train this configuration from the start"
-        read_own_checkpoint(Path(best), config_hash, cfg.seed, fix)
+        checkpoints.read_own(Path(best), config_hash, cfg.seed, fix)
     trained = what_trained(trainer, module)
     best = trained["best_checkpoint"]
     device = trainer.strategy.root_device

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,12 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import nn
 
+from . import checkpoints
 from .data.tasks import get_spec
 from .model import AttentionConfig, ModelConfig, build_classifier, build_encoder
 from .protocol import schedule_problem
 from .results import model_and_hparams_with_current_names
+from .steps import metrics_row_due, something_due_after
 
 IGNORED = -100  # the label of a position the masked-prediction loss does not count (cross_entropy's ignore_index)
 # The settings a pretrained encoder must share with the model it starts.
@@ -49,6 +50,20 @@ class Diverged(RuntimeError):
             "a state from "
             "after it. Try a lower task.protocol.lr or a longer task.protocol.warmup_steps, or trainer.precision=32 if "
             "it ran in bf16"
+        )
+        self.step = step
+
+
+class EvaluationNotFinite(Diverged):
+    """An evaluation's loss is not finite (the model's outputs are not, though training's loss is): its accuracy
+    would be an argmax over NaN, not a result. The run stops and is recorded as diverged."""
+
+    def __init__(self, split: str, loss: float, step: int) -> None:
+        RuntimeError.__init__(
+            self,
+            f"the {'validation' if split == 'val' else split} loss is not finite ({loss}) after step {step}: the model's "
+            "outputs are not, so no accuracy of it is a result. Try trainer.precision=32 if it ran in bf16, or a lower "
+            "task.protocol.lr",
         )
         self.step = step
 
@@ -230,8 +245,6 @@ class LRAModule(pl.LightningModule):
         raise Diverged(step, None if math.isnan(last) else last)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        from .callbacks import something_due_after  # it reads this module's metrics_row_due
-
         # Before anything that reads the state (an evaluation, its checkpoints, a metrics row), and so never into
         # a checkpoint; at the other steps the device is not waited for.
         if self._trainer is None or something_due_after(self._trainer):
@@ -239,6 +252,18 @@ class LRAModule(pl.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_divergence()  # the steps after the last check: the run ends without a result
+
+    def on_validation_epoch_end(self) -> None:
+        self.check_evaluation("val")
+
+    def on_test_epoch_end(self) -> None:
+        self.check_evaluation("test")
+
+    def check_evaluation(self, split: str) -> None:
+        """Raise :class:`EvaluationNotFinite` where the evaluation just ended has a loss that is not finite."""
+        loss = self._trainer.callback_metrics.get(f"{split}/loss") if self._trainer is not None else None
+        if loss is not None and not torch.isfinite(loss).all():
+            raise EvaluationNotFinite(split, float(loss), self.global_step)
 
     def _evaluation_step(self, batch: dict[str, torch.Tensor], split: str) -> None:
         loss = self.evaluation_loss(batch, split)
@@ -398,12 +423,6 @@ def batch_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: in
     return (correct & counted).sum().float() / counted.sum().clamp(min=1).float()
 
 
-def metrics_row_due(trainer: pl.Trainer | None) -> bool:
-    """Whether the training step under way writes a metrics row (every ``trainer.log_every_n_steps`` steps, and at a
-    stop), where Lightning reads the logged values from the device; True without a Trainer."""
-    return trainer is None or trainer._logger_connector.should_update_logs
-
-
 def mask_tokens(input_ids: torch.Tensor, mask_rate: float, mask_token: int, generator: torch.Generator | None = None):
     """BERT-style masking of real tokens: ``(masked_ids, labels)``, both ``(batch, seq)``.
 
@@ -466,29 +485,13 @@ class LRAMaskedLMModule(LRAModule):
         return masked_prediction_loss(logits, labels), logits.flatten(0, 1), labels.flatten()
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint's contents, unpickled with ``weights_only=True``: tensors and plain data only.
-
-    Unpickling anything else (a class, a function) can run arbitrary code, so a checkpoint that
-    holds more is refused with one message and nothing in it runs. Every checkpoint the harness
-    resumes from, tests or starts from passes through here before Lightning reads it."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"refused to load the checkpoint {path}: it holds more than tensors and plain data ({reason}), and "
-            "unpickling that could run code. Use checkpoints this harness wrote; delete this one to start the run afresh"
-        ) from None
-
-
 def load_pretrained_encoder(module: LRAClassificationModule, checkpoint: Path) -> None:
     """Start ``module``'s encoder from a pretraining checkpoint (an :class:`LRAMaskedLMModule`'s); the head stays fresh.
 
     The checkpoint must come from the same task, length, model and attention; anything else is one
     error naming what differs. The pretraining's mask-token embedding is dropped.
     """
-    saved = read_checkpoint(checkpoint)
+    saved = checkpoints.read(checkpoint)
     pretrained_settings = dict(saved.get("hyper_parameters", {}))
     if "model" in pretrained_settings and "attention" in pretrained_settings:  # a checkpoint of before a rename: today's names
         attention = pretrained_settings["attention"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import config, results, run_lock
+from . import checkpoints, config, results, run_lock
 from .data.cache import file_sha256
 from .finished import finished_record, finished_runs, record_paths
 from .results import CLASSIFICATION, PRETRAINING, RunRecord
@@ -41,9 +41,6 @@ file_log = logging.getLogger("lra.train.file")
 
 HISTORY = "history"  # a run folder's earlier finished runs, moved there by rerun=true
 RUN_FILES = ("checkpoints", "metrics", "tensorboard", "wandb")  # what a run writes besides results.json and train.log
-# What a checkpoint that cannot be read raises (missing, cut short, not a Lightning checkpoint): no step to read.
-# An empty file (a write cut short at once) raises EOFError.
-UNREADABLE_CHECKPOINT = (OSError, EOFError, RuntimeError, KeyError, ValueError)
 # Runs the pretraining stage of a checked configuration: what the fine-tuning records of it, and its checkpoint.
 Pretrained = Callable[[DictConfig], tuple[dict[str, Any], Path]]
 
@@ -94,14 +91,6 @@ def last_checkpoint(cfg: DictConfig) -> Path:
     return Path(cfg.callbacks.checkpoint.dirpath) / "last.ckpt"
 
 
-def checkpoint_step(path: Path) -> int:
-    """The training step a Lightning checkpoint was saved at, read safely (:func:`lra.module.read_checkpoint`: nothing
-    in it runs). A checkpoint that is missing or cannot be read raises one of :data:`UNREADABLE_CHECKPOINT`."""
-    from .module import read_checkpoint  # Lightning: only where a checkpoint is read
-
-    return int(read_checkpoint(path)["global_step"])
-
-
 def checked_and_hashed(cfg: DictConfig) -> tuple[DictConfig, str]:
     """A composed classification run's configuration as a run checks it (a ValueError where it refuses it) and the hash
     its run records, by which a finished or committed run of it is recognised (the sweep's summary, a campaign's
@@ -136,7 +125,7 @@ class EarlierRun:
 
     def trained_a_step(self) -> bool:
         try:
-            return self.last.is_file() and checkpoint_step(self.last) > 0
+            return self.last.is_file() and checkpoints.step(self.last) > 0
         except Exception:  # unreadable (a write cut short): keep what the new run left, the earlier run stays archived
             return True
 
@@ -218,14 +207,12 @@ def resumable(last: Path, record_path: Path, record: RunRecord) -> Path | None:
     beside a damaged record that cannot tell is refused with one message naming it and the fix, never trained over
     from step 0 in silence; a folder whose record is of another configuration (its overrides meant another before a
     default changed) starts afresh."""
-    from .callbacks import checkpoint_identity, read_own_checkpoint  # Lightning: only for a run that trains
-
     previous = results.read(record_path)
     if not last.is_file() or (previous is not None and previous.config_hash != record.config_hash):
         return None  # nothing to resume, or another configuration's run in this folder: it starts afresh
     fix = "move it away or delete it to train this configuration from the start"
-    contents = read_own_checkpoint(last, record.config_hash, record.seed, fix)
-    if previous is None and checkpoint_identity(contents) is None:  # written before run identities: it cannot tell
+    contents = checkpoints.read_own(last, record.config_hash, record.seed, fix)
+    if previous is None and checkpoints.identity(contents) is None:  # written before run identities: it cannot tell
         if record_path.is_file():
             raise ValueError(
                 f"{record_path} cannot be read (it is damaged), so nothing tells whether {last} is this configuration's "
@@ -281,8 +268,8 @@ def recorded(
     except BaseException:  # KeyboardInterrupt (Lightning turns it into SystemExit): keep last.ckpt to resume
         # An interruption is not a failure: the record says where the run stopped, the step last.ckpt holds.
         try:
-            steps = checkpoint_step(last_checkpoint(cfg))
-        except UNREADABLE_CHECKPOINT:  # interrupted before its first checkpoint, or while writing it
+            steps = checkpoints.step(last_checkpoint(cfg))
+        except checkpoints.UNREADABLE:  # interrupted before its first checkpoint, or while writing it
             steps = None
         record.update(status="interrupted", steps=steps)
         if earlier.put_back_unless_trained():

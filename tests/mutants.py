@@ -102,6 +102,7 @@ CALLBACKS = ("tests/lra/test_callbacks.py",)
 SIGNALS = ("tests/lra/test_signals.py",)
 TRAIN = ("tests/lra/test_train.py",)
 TABLE = ("tests/lra/test_table.py",)
+CARRIED = ("tests/lra/test_carried_state.py",)
 
 
 def cuda_mutant(name: str, bug: str, original: str, mutated: str) -> Mutant:
@@ -278,7 +279,7 @@ MUTANTS = [
     # Stopping and resuming.
     Mutant(
         "stop_ignores_metrics_rows",
-        "lra/callbacks.py",
+        "lra/steps.py",
         "an interruption stops after a step that writes a metrics row",
         "return evaluates or trainer.global_step % trainer.log_every_n_steps == 0",
         "return evaluates",
@@ -286,7 +287,7 @@ MUTANTS = [
     ),
     Mutant(
         "stop_ignores_evaluations",
-        "lra/callbacks.py",
+        "lra/steps.py",
         "an interruption stops after a step that evaluates",
         "return evaluates or trainer.global_step",
         "return False or trainer.global_step",
@@ -294,7 +295,7 @@ MUTANTS = [
     ),
     Mutant(
         "stop_ignores_the_epochs_end",
-        "lra/callbacks.py",
+        "lra/steps.py",
         "an interruption stops after an epoch's last batch, whose evaluation is due",
         "loop.batch_progress.is_last_batch or (every",
         "False or (every",
@@ -546,6 +547,63 @@ MUTANTS = [
         "weighted_lookup_kernel leaves a padded lookup row unwritten (the output is not zero-filled)",
         "    for (int64_t column = lane; first && column < channels; column += kWarp) {\n      out_row[column] = 0.0f;\n    }\n",
         "",
+    ),
+    # Carried state: what crosses from one machine to the next, and what becomes a committed number.
+    Mutant(
+        "checkpoint_digest_unchecked",
+        "lra/checkpoints.py",
+        "a checkpoint changed after it was written is read as it is",
+        "if recorded and sha256(data) not in recorded:",
+        "if False:",
+        CARRIED,
+    ),
+    Mutant(
+        "checkpoint_unpickles_anything",
+        "lra/checkpoints.py",
+        "a checkpoint is unpickled with torch's full unpickler, which runs what it holds",
+        'torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)',
+        'torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)',
+        CARRIED,
+    ),
+    Mutant(
+        "archive_part_size_only",
+        "lra/campaign/archive.py",
+        "a part is checked for its size only: a flipped bit passes",
+        'if len(piece) != part["size"] or sha256(piece) != part["sha256"]:',
+        'if len(piece) != part["size"]:',
+        CARRIED,
+    ),
+    Mutant(
+        "archive_member_components_unchecked",
+        "lra/campaign/archive.py",
+        "a member's name may have '.' or '..' components (a name that stays in its folder by chance is unpacked)",
+        'well_formed = member.isfile() and all(COMPONENT.fullmatch(p) and p not in (".", "..") for p in parts)',
+        "well_formed = member.isfile()",
+        CARRIED,
+    ),
+    Mutant(
+        "record_test_accuracy_unchecked",
+        "lra/finished.py",
+        "a record's test accuracy is not checked against the one its run logged",
+        "if accuracy is None or record.test_acc is None or abs(accuracy - record.test_acc) > TEST_ACC_TOLERANCE:",
+        "if False:",
+        CARRIED,
+    ),
+    Mutant(
+        "older_record_replaces_newer",
+        "lra/finished.py",
+        "an older run's record replaces the newer committed one",
+        'return Commit("kept", path, record, curve)',
+        'return Commit("replaces", path, record, curve)',
+        CARRIED,
+    ),
+    Mutant(
+        "restore_deletes_before_swap",
+        "lra/campaign/restore.py",
+        "a restored cell's folder is removed before its replacement is in place",
+        "        if folder.is_dir():\n            os.replace(folder, replaced)\n",
+        "        if folder.is_dir():\n            shutil.rmtree(folder)\n",
+        CARRIED,
     ),
     cuda_mutant(
         "heavy_table_of_the_wrong_side",

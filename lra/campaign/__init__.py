@@ -25,12 +25,14 @@ The modules, from the bottom up:
 * :mod:`~lra.campaign.state`: where each cell stands, from the files its run leaves;
 * :mod:`~lra.campaign.throughput`: cells per hour against K, and K measured within a job;
 * :mod:`~lra.campaign.mps`: CUDA MPS, K cells' kernels on one GPU at once;
-* :mod:`~lra.campaign.carry`: the archive, packed and unpacked;
+* :mod:`~lra.campaign.archive`: the archive's format, checked whole before anything is unpacked;
+* :mod:`~lra.campaign.carry`: what a campaign packs; :mod:`~lra.campaign.restore`: how it is unpacked;
 * :mod:`~lra.campaign.scheduler`: the campaign's own process, its cells K at a time until done, stopped or due;
 * :mod:`~lra.campaign.measure`, :mod:`~lra.campaign.control`: the commands; :mod:`~lra.campaign.cli`: their line.
 """
 
-from .carry import CURVES, STATE, archive_exists, read_parts, restore_cell, unfinished_state, write_pack, write_parts
+from . import archive
+from .carry import STATE, is_member, unfinished_state, write_pack
 from .cli import main, parser
 from .control import chosen_parallel, refuse_if_taken, start, starting, status, stop
 from .machine import AUTOGROUP, Share, cell_command, check_device, cores, device_slug, lower_priority, on_gpu
@@ -49,6 +51,7 @@ from .plan import (
     make_plan,
     sweep_cells,
 )
+from .restore import CellRestore, checked_cell, restore_cell, settle_cell, unpack
 from .scheduler import Stopping, run, run_cells
 from .state import CellState, cell_states, finished_records, plan_states, progress, status_text
 from .throughput import (
@@ -65,12 +68,12 @@ from .throughput import (
 )
 
 __all__ = [
-    "AUTOGROUP", "BEST_SHARE", "CELLS", "CURVES", "CURVE_FIELDS", "FIRST_K", "LOG_FILE", "MEASURE_SEED", "MPS_CONTROL",
-    "MPS_DEFAULT_PIPE", "PLAN_FILE", "STATE", "START_LOCK_FILE", "CampaignError", "Cell", "CellState", "Plan", "Ramp",
-    "Share", "Stopping", "archive_exists", "auto_parallel", "best_parallel", "cell_command", "cell_states",
-    "check_device", "chosen_parallel", "compose", "cores", "curve_of", "default_dir", "device_slug", "finished_records",
-    "lower_priority", "main", "make_plan", "measure", "mps_daemon", "mps_decision", "mps_problem", "mps_running",
-    "on_gpu", "parser", "plan_states", "progress", "rate_at", "read_parts", "record_throughput", "refuse_if_taken",
-    "restore_cell", "run", "run_cells", "start", "starting", "status", "status_text", "stop", "sweep_cells",
-    "unfinished_state", "write_curve", "write_pack", "write_parts",
+    "AUTOGROUP", "BEST_SHARE", "CELLS", "CURVE_FIELDS", "FIRST_K", "LOG_FILE", "MEASURE_SEED", "MPS_CONTROL",
+    "MPS_DEFAULT_PIPE", "PLAN_FILE", "STATE", "START_LOCK_FILE", "CampaignError", "Cell", "CellRestore", "CellState",
+    "Plan", "Ramp", "Share", "Stopping", "archive", "auto_parallel", "best_parallel", "cell_command", "cell_states",
+    "check_device", "checked_cell", "chosen_parallel", "compose", "cores", "curve_of", "default_dir", "device_slug",
+    "finished_records", "is_member", "lower_priority", "main", "make_plan", "measure", "mps_daemon", "mps_decision",
+    "mps_problem", "mps_running", "on_gpu", "parser", "plan_states", "progress", "rate_at", "record_throughput",
+    "refuse_if_taken", "restore_cell", "run", "run_cells", "settle_cell", "start", "starting", "status", "status_text",
+    "stop", "sweep_cells", "unfinished_state", "unpack", "write_curve", "write_pack",
 ]  # fmt: skip

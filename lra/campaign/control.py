@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import config, results, run_lock
 from ..rows import read_rows
-from . import carry
+from . import archive, carry, restore
 from .machine import Share, cell_command, check_device, cores, device_slug, on_gpu
 from .mps import mps_decision, mps_problem
 from .plan import CELLS, LOG_FILE, START_LOCK_FILE, CampaignError, Plan, make_plan
@@ -263,8 +263,8 @@ def pack(args: argparse.Namespace) -> int:
 
 
 def unpack(args: argparse.Namespace) -> int:
-    if args.missing_ok and not carry.archive_exists(args.archive):
-        print(f"Nothing to unpack: no {args.archive} (nor its parts); start begins with nothing carried")
+    if args.missing_ok and not archive.exists(args.archive):
+        print(f"Nothing to unpack: no {args.archive} (nor its parts or manifest); start begins with nothing carried")
         return 0
-    carry.unpack(args.archive, args.remove)
+    restore.unpack(args.archive, args.remove)
     return 0

@@ -4,6 +4,7 @@ pending, read from the files its run and the campaign leave (records, locks, met
 from __future__ import annotations
 
 import csv
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +92,16 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
     return CellState(cell, "pending", steps if step else "")
 
 
-def status_text(campaign: Path, plan: Plan) -> str:
-    """The campaign in words: its plan, its process, the count of its cells in each state, and each cell."""
+def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
+    """The campaign in words: its plan, its process, the count of its cells in each state, and each cell. ``packed``:
+    as its archive carries it, where no process goes along."""
     states = plan_states(campaign, plan)
     holder = run_lock.holder(campaign)
     counts = {name: sum(s.status == name for s in states) for name in STATES}
-    lines = [plan.describe(), f"Campaign process: {'running, ' + holder if holder else 'not running'}"]
+    process = "running, " + holder if holder else "not running"
+    if packed:
+        process = f"packed at {results.now()} on {socket.gethostname()} (it was {process}); the archive carries no process"
+    lines = [plan.describe(), f"Campaign process: {process}"]
     lines.append(
         f"{len(states)} cells: " + ", ".join(f"{count} {name}" for name, count in counts.items() if count or name == "finished")
     )

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.collect:
         found = find_record_files(args.runs)
         check_hashes(found)
-        new = collect([record for _, record in found], runs_dir)
+        new = collect(found, runs_dir)
         print(f"{new} new run records in {runs_dir}")
     if args.collect or args.committed:
         found = find_record_files([runs_dir])

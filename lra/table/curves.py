@@ -14,24 +14,17 @@ import math
 import textwrap
 from pathlib import Path
 
-from ..results import RESULTS_FILE, RunRecord
+from ..finished import curve_file
+from ..results import RunRecord
 from .cells import LISTOPS_SPLIT
 from .sections import TASK_LABELS, Section, Table, row_label
 
-CURVES = "curves"  # results/runs/curves/<run file name>.csv: a committed run's metrics.csv
 PANEL_COLUMNS = 4
 
 
-def curve_file(path: Path) -> Path:
-    """Where the curve of the record read from ``path`` is: its run folder's metrics.csv, or a committed record's."""
-    if path.name == RESULTS_FILE:
-        return path.parent / "metrics" / "metrics.csv"
-    return path.parent / CURVES / f"{path.stem}.csv"
-
-
 def find_curves(found: list[tuple[Path, RunRecord]]) -> dict[str, Path]:
-    """The curve of each finished record that has one (:func:`curve_file`), by its configuration hash (which holds the
-    seed: one run per hash)."""
+    """The curve of each finished record that has one (:func:`lra.finished.curve_file`), by its configuration hash
+    (which holds the seed: one run per hash)."""
     return {
         record.config_hash: curve_file(path)
         for path, record in found

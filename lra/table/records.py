@@ -1,18 +1,22 @@
 """The table's first stage: finding and reading the run records, and committing the finished ones.
 
 The records are every ``results.json`` under the folders searched (a run's output folder) and every ``*.json`` run
-record in them (``results/runs/``, as :func:`collect` writes them). ``--collect`` copies the finished runs into
-``results/runs/`` after :func:`check_hashes` has found each stored hash to be the one its configuration gives.
+record in them (``results/runs/``, as :func:`collect` writes them). ``--collect`` commits the finished runs into
+``results/runs/`` with their curves, each one a result (:func:`lra.finished.record_problem`) and by the one rule of
+:func:`lra.finished.plan_commit`: never over a newer record of its configuration, and a conflict stops it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from .. import run_lock
-from ..results import RESULTS_FILE, RunRecord, config_hash_problem
+from ..finished import commit, curve_bytes, plan_commit, record_paths, record_problem
+from ..finished import run_file_name as run_file_name
+from ..results import RESULTS_FILE, RunRecord
 
 
 def find_records(folders: Iterable[Path]) -> list[RunRecord]:
@@ -27,7 +31,7 @@ def find_record_files(folders: Iterable[Path]) -> list[tuple[Path, RunRecord]]:
         folder = Path(folder)
         if not folder.is_dir():
             continue
-        for path in sorted(folder.rglob(RESULTS_FILE)) + sorted(folder.glob("*.json")):
+        for path in record_paths(folder):
             try:
                 values = json.loads(path.read_text())
                 # Not a run's record: another JSON file (a run's record, even of a run refused before its configuration
@@ -60,34 +64,39 @@ def with_live_status(path: Path, record: RunRecord) -> RunRecord:
     return record
 
 
-def run_file_name(record: RunRecord) -> str:
-    """A committed record's file name: its task, row, protocol, seed and configuration hash, one file per
-    configuration and seed."""
-    row = record.row.replace(" ", "_").replace("/", "-").replace("=", "-")
-    return f"{record.task}__{row}__{record.protocol['name']}__seed{record.seed}__{record.config_hash[:8]}.json"
+def as_result(record: RunRecord, curves: dict[str, Path]) -> RunRecord:
+    """``record`` as the table takes it: a finished one that is not a result (:func:`lra.finished.record_problem`, its
+    curve from ``curves`` where there; one of before records held their whole configuration taken as committed) is
+    ``refused``, with why: a run listed, not a cell."""
+    if record.status != "finished":
+        return record
+    curve = curves.get(record.config_hash)
+    problem = record_problem(record, curve.read_bytes() if curve else None, older_ok=True)
+    return record if problem is None else dataclasses.replace(record, status="refused", error=problem)
 
 
 def check_hashes(found: list[tuple[Path, RunRecord]]) -> None:
-    """Refuse to collect a finished run whose stored ``config_hash`` is not the hash recomputed from the configuration
-    it holds (:func:`lra.results.config_hash_problem`): committed, it would make every checkout skip the configuration
-    it claims. Nothing is collected then."""
+    """Refuse to collect a finished run that is not a result (:func:`lra.finished.record_problem`: a stored
+    ``config_hash`` that is not the hash of the configuration it holds, a test accuracy its curve did not log, losses
+    that are not finite): committed, it would stand for a configuration it did not run, or for a number it did not
+    measure. Nothing is collected then."""
     for path, record in found:
-        if record.status == "finished" and (problem := config_hash_problem(record)):
+        if record.status == "finished" and (problem := record_problem(record, curve_bytes(path))):
             raise SystemExit(
                 f"error: {path}: {problem}. Committed, it would stand for a configuration it did not run: move it out "
                 "of the folders --collect reads, or run its configuration again (rerun=true); nothing was collected"
             )
 
 
-def collect(records: list[RunRecord], runs_dir: Path) -> int:
-    """Copy finished runs into ``runs_dir`` as small JSON files, without machine-specific paths (``committed=True``);
-    return how many were new."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    new = 0
-    for record in records:
-        if record.status != "finished":
-            continue
-        path = runs_dir / run_file_name(record)
-        new += not path.exists()
-        record.write(path, committed=True)
-    return new
+def collect(found: list[tuple[Path, RunRecord]], runs_dir: Path) -> int:
+    """Commit the finished runs of ``found`` (each record with the file it was read from: its curve is beside it) into
+    ``runs_dir`` (:func:`lra.finished.plan_commit`, :func:`lra.finished.commit`), saying what was kept or replaced; a
+    conflict stops it before anything is written. Returns how many were new."""
+    decisions = [plan_commit(record, runs_dir, curve_bytes(path)) for path, record in found if record.status == "finished"]
+    if conflicts := [decision for decision in decisions if decision.action == "conflict"]:
+        raise SystemExit("error: " + "; ".join(map(str, conflicts)) + "; nothing was collected")
+    for decision in decisions:
+        commit(decision)
+        if decision.action in ("replaces", "kept"):
+            print(decision)
+    return sum(decision.action == "new" for decision in decisions)

@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -28,6 +29,7 @@ from .cells import (
     frame,
     what_differs,
 )
+from .records import as_result
 
 # Keys that name the row, not the section: the attention and its hyperparameters.
 ROW_KEYS = ("attention", "attention_hparams.")
@@ -314,17 +316,23 @@ def left_out_runs(runs: pd.DataFrame, unknown: pd.DataFrame, published: PaperTab
 
 
 def build(
-    records: list[RunRecord], published: PaperTable = TABLE3, rows: str | tuple[str, ...] = PAPER_ROWS, speed: bool = False
+    records: list[RunRecord],
+    published: PaperTable = TABLE3,
+    rows: str | tuple[str, ...] = PAPER_ROWS,
+    speed: bool = False,
+    curves: dict[str, Path] | None = None,
 ) -> Table:
     """The table of ``records`` beside the paper's table ``published``: its sections of cells, and the runs that are
     not cells. ``rows``: PAPER_ROWS (the published table: its rows only, in its order), ALL_ROWS (every row with
-    finished runs: the paper's in its order, then the others by name) or the rows to show, in their order.
+    finished runs: the paper's in its order, then the others by name) or the rows to show, in their order. A finished
+    record that is not a result (:func:`lra.table.records.as_result`, its curve from ``curves`` where there) is listed
+    with why, never a cell.
 
     In the published table, runs of a row that is in no published table (``lra/paper.py``) are listed with the runs
     that are not cells; a row of another published table only is left out without a word: it is that table's.
     """
     table = Table(published, [], pd.DataFrame(columns=LEFT_OUT_COLUMNS), rows, speed)
-    runs = frame(records)
+    runs = frame([as_result(record, curves or {}) for record in records])
     if runs.empty:
         return table
     counted = counted_runs(runs)

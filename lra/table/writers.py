@@ -477,7 +477,7 @@ def write_all(
     if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
-    table = build(records, published, rows, speed)
+    table = build(records, published, rows, speed, curves)
     if isinstance(rows, tuple):
         shown = {base_row(label) for section in table.sections for label in section.rows}
         if missing := [row for row in rows if row not in shown]:
@@ -495,6 +495,8 @@ def write_all(
     figure(table, paths[4])
     if learning_curves.figure(table, curves or {}, out_dir / f"{name}_curves.png"):
         paths.append(out_dir / f"{name}_curves.png")
+    else:  # an earlier table's, of runs with curves: not this one's
+        (out_dir / f"{name}_curves.png").unlink(missing_ok=True)
     return paths
 
 

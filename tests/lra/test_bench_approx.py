@@ -173,7 +173,7 @@ def test_too_few_test_tokens_for_the_longest_length_is_an_error_with_the_count(t
 def test_a_checkpoint_without_the_model_settings_is_named(trained_run, tmp_path, capsys):
     run, _, _ = trained_run
     path = run / "checkpoints" / "best-step4.ckpt"
-    checkpoint = torch.load(path, weights_only=False)
+    checkpoint = torch.load(path, weights_only=True)
     del checkpoint["hyper_parameters"]
     torch.save(checkpoint, path)
     with pytest.raises(SystemExit) as exit_info:

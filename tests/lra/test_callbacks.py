@@ -184,7 +184,7 @@ def test_an_interruption_stops_after_the_next_step_with_nothing_due_and_the_resu
     first = InterruptedRegression(interrupt_at, signal_name)
     with pytest.raises(SystemExit):  # Lightning's answer to KeyboardInterrupt
         fit_with_interruptions(first, tmp_path)
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
     assert saved["global_step"] == stops_after
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous, "handlers restored"
 
@@ -202,7 +202,7 @@ def test_an_interruption_does_not_stop_where_a_metrics_row_is_due(tmp_path):
     module = InterruptedRegression(3, "SIGINT")
     with pytest.raises(SystemExit):
         fit_with_interruptions(module, tmp_path, log_every_n_steps=4)
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 7
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 7
 
 
 class FailingTest(InterruptedRegression):
@@ -229,7 +229,7 @@ def test_an_error_in_training_saves_last_ckpt_at_its_step_and_an_error_in_testin
     (after the fit, when the best checkpoint's weights are loaded) must not overwrite it with those weights."""
     with pytest.raises(RuntimeError, match="a training error"):
         fit_with_interruptions(FailingTest(fail_at=4), tmp_path)
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 4
 
     other = tmp_path / "tested"
     trainer = fit_with_interruptions(FailingTest(), other)
@@ -259,4 +259,4 @@ def test_a_second_interruption_stops_at_once(tmp_path):
         fit_with_interruptions(module, tmp_path)
     assert module.updates == 6, "no step after the second signal's"
     # Saved in the middle of step 6 (Lightning counts the step at its end): a stop at once, not at step 7.
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] < 7
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] < 7

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 import torch
 from tiny_listops import TINY
 
-from lra import campaign, run_lock
+from lra import campaign, checkpoints, run_lock
 from lra.campaign import CampaignError, Cell, Share
 from lra.paper import TABLE3
 from lra.results import MACHINE_KEYS, RunRecord
@@ -331,7 +330,7 @@ def test_unpack_missing_ok_starts_with_nothing_carried(tmp_path, capsys, monkeyp
     """A first job has nothing to unpack: under set -e, a job script's unpack must not end the job."""
     monkeypatch.chdir(tmp_path)
     assert campaign.main(["unpack", str(tmp_path / "carry" / "campaign.tar.gz")]) == 2
-    assert "is not a file" in capsys.readouterr().err
+    assert "there is no archive at" in capsys.readouterr().err
     assert campaign.main(["unpack", "--missing-ok", str(tmp_path / "carry" / "campaign.tar.gz")]) == 0
     assert "Nothing to unpack" in capsys.readouterr().out and not (tmp_path / "results").exists()
 
@@ -429,27 +428,28 @@ def test_a_campaign_finishes_over_short_jobs_killed_at_their_deadlines_as_one_un
 
 
 def test_an_archive_over_the_part_size_is_written_in_parts_that_read_back_whole(tmp_path):
-    data = bytes(range(256)) * 41  # 10,496 bytes
+    members = {f"campaign/failed/{n}.log": os.urandom(3000) for n in range(4)}  # incompressible: 12 kB packed
     out = tmp_path / "carry" / "campaign.tar.gz"
-    paths = campaign.write_parts(data, out, 4096)
-    assert [path.name for path in paths] == [f"campaign.tar.gz.part{i:03d}" for i in range(3)]
-    assert [path.stat().st_size for path in paths] == [4096, 4096, 2304] and not out.exists()
-    for given in (out, paths[1]):  # the archive's name or any of its parts
-        assert campaign.read_parts(given) == (data, paths)
-    assert campaign.write_parts(data[:100], out, 4096) == [out]  # a smaller one later: the old parts go
-    assert sorted(p.name for p in out.parent.iterdir()) == ["campaign.tar.gz"]
-    campaign.write_parts(data, out, 4096)
-    paths[1].unlink()
-    with pytest.raises(CampaignError, match=r"missing its part\(s\) part001"):
-        campaign.read_parts(out)
+    paths = campaign.archive.write(members, out, 4096)
+    names = [path.name for path in paths]
+    assert names == [f"campaign.tar.gz.part{i:03d}" for i in range(len(names) - 1)] + ["campaign.tar.gz.manifest.json"]
+    assert len(names) >= 4, "three parts at least, and the manifest"
+    assert all(path.stat().st_size <= 4096 for path in paths[:-1]) and not out.exists()
+    for given in (out, paths[1], paths[-1]):  # the archive's name, any of its parts, its manifest
+        assert campaign.archive.read(given, campaign.is_member) == members
+    small = {"campaign/status.txt": b"done\n"}
+    assert campaign.archive.write(small, out, 4096) == [out, paths[-1]]  # a smaller one later: the old parts go
+    assert sorted(p.name for p in out.parent.iterdir()) == ["campaign.tar.gz", "campaign.tar.gz.manifest.json"]
     with pytest.raises(CampaignError, match="--part-size must be positive"):
-        campaign.write_parts(data, out, 0)
+        campaign.archive.write(members, out, 0)
 
 
 def checkpoint(path: Path, step: int, optimizer: bool = True) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A checkpoint as the harness writes one (lra.checkpoints: with its digest)."""
     content = {"global_step": step, "state_dict": {"w": torch.full((4,), float(step))}}
-    torch.save({**content, "optimizer_states": [{"m": torch.zeros(4)}], "lr_schedulers": [{}]} if optimizer else content, path)
+    checkpoints.write(
+        path, {**content, "optimizer_states": [{"m": torch.zeros(4)}], "lr_schedulers": [{}]} if optimizer else content
+    )
 
 
 def test_an_unfinished_cells_state_is_packed_small_and_restored_where_it_is_behind(tmp_path, monkeypatch):
@@ -471,16 +471,12 @@ def test_an_unfinished_cells_state_is_packed_small_and_restored_where_it_is_behi
         f"{prefix}/{name}"
         for name in ("checkpoints/best-step8.ckpt", "checkpoints/last.ckpt", "metrics/metrics.csv", "results.json")
     ]
-    best = torch.load(io.BytesIO(members[f"{prefix}/checkpoints/best-step8.ckpt"]), weights_only=False)
+    best = checkpoints.load(members[f"{prefix}/checkpoints/best-step8.ckpt"], Path("best-step8.ckpt"))
     assert "optimizer_states" not in best and torch.equal(best["state_dict"]["w"], torch.full((4,), 8.0))
     assert campaign.unfinished_state(campaign.CellState(cell, "running", ""), outputs) == {}  # being written
 
     archive = tmp_path / "carry.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    campaign.archive.write(members, archive, 2**20)
     elsewhere = tmp_path / "next-job"
     elsewhere.mkdir()
     monkeypatch.setenv("LRA_OUTPUT_DIR", str(elsewhere / "outputs"))
@@ -488,28 +484,33 @@ def test_an_unfinished_cells_state_is_packed_small_and_restored_where_it_is_behi
     assert campaign.main(["unpack", str(archive)]) == 0
     moved = elsewhere / "outputs" / "listops" / "softmax" / "seed=0"
     assert (moved / "checkpoints" / "last.ckpt").read_bytes() == members[f"{prefix}/checkpoints/last.ckpt"]
+    assert checkpoints.step(moved / "checkpoints" / "last.ckpt") == 12, "written with its digest, read back against it"
     assert RunRecord.read(moved / "results.json").status == "interrupted"
     assert (moved / "metrics" / "metrics.csv").read_text() == "step,val/acc\n7,0.5\n"
 
     # A folder already further along keeps its own state; one behind is replaced, its old best checkpoint gone.
+    carried = {name.removeprefix(prefix + "/"): data for name, data in members.items()}
     checkpoint(moved / "checkpoints" / "last.ckpt", 16)
-    assert "its own last.ckpt is at step 16, the archive's at 12" in campaign.restore_cell(
-        moved, {name.removeprefix(prefix + "/"): data for name, data in members.items()}
-    )
+    restore = campaign.checked_cell(elsewhere / "outputs", "listops/softmax/seed=0", carried)
+    assert not restore.restore and restore.why == "not restored, its own last.ckpt is at step 16, the archive's at 12"
     checkpoint(moved / "checkpoints" / "last.ckpt", 4)
     checkpoint(moved / "checkpoints" / "best-step4.ckpt", 4)
-    campaign.restore_cell(moved, {name.removeprefix(prefix + "/"): data for name, data in members.items()})
-    assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == ["best-step8.ckpt", "last.ckpt"]
+    (moved / "train.log").write_text("the earlier attempt's log\n")
+    campaign.restore_cell(campaign.checked_cell(elsewhere / "outputs", "listops/softmax/seed=0", carried))
+    assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == [
+        "best-step8.ckpt", "best-step8.ckpt.sha256", "last.ckpt", "last.ckpt.sha256",
+    ]  # fmt: skip
+    assert (moved / "train.log").read_text() == "the earlier attempt's log\n", "the folder's other files stay"
+    assert sorted(p.name for p in moved.parent.iterdir()) == ["seed=0"], "nothing left beside it"
 
 
-def test_unpack_refuses_an_archive_member_outside_a_run_folders_state(tmp_path, capsys):
+def test_unpack_refuses_an_archive_member_outside_a_run_folders_state(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     archive = tmp_path / "bad.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        info = tarfile.TarInfo("state/listops/softmax/seed=0/checkpoints/evil.py")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    assert campaign.main(["unpack", str(archive)]) == 2  # a user's mistake
+    campaign.archive.write({"state/listops/softmax/seed=0/checkpoints/evil.py": b"x"}, archive, 2**20)
+    assert campaign.main(["unpack", str(archive)]) == 1
     assert "which is not part of a campaign archive; nothing unpacked" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tar.gz", "bad.tar.gz.manifest.json"]
 
 
 def test_a_deadline_that_leaves_no_time_to_train_is_refused(tmp_path, capsys, monkeypatch):
@@ -536,8 +537,10 @@ def test_a_diverged_cell_is_not_trained_again_and_its_verdict_goes_to_the_next_j
     assert sorted(members) == ["state/listops/softmax/seed=0/results.json"]
 
     elsewhere = tmp_path / "next" / "outputs" / "listops" / "softmax" / "seed=0"
-    said = campaign.restore_cell(elsewhere, {"results.json": members["state/listops/softmax/seed=0/results.json"]})
-    assert "diverged" in said and RunRecord.read(elsewhere / "results.json").status == "diverged"
+    carried = {"results.json": members["state/listops/softmax/seed=0/results.json"]}
+    restore = campaign.checked_cell(tmp_path / "next" / "outputs", "listops/softmax/seed=0", carried)
+    campaign.restore_cell(restore)
+    assert "diverged" in restore.why and RunRecord.read(elsewhere / "results.json").status == "diverged"
     there = Cell(**{**cell.__dict__, "folder": str(elsewhere)})
     assert [s.status for s in campaign.cell_states(campaign_dir, [there], tmp_path / "next", runs)] == ["diverged"]
 

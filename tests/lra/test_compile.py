@@ -149,6 +149,6 @@ def test_a_compiled_run_compiles_once_per_mode_and_once_for_the_last_partial_bat
     record = json.loads(path.read_text())
     assert record["status"] == "finished" and record["compiled"] is True and record["compile_backend"] == "aot_eager"
     assert "compile" not in path.parent.name
-    checkpoint = torch.load(record["best_checkpoint"], map_location="cpu", weights_only=False)
+    checkpoint = torch.load(record["best_checkpoint"], map_location="cpu", weights_only=True)
     assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
     LRAClassificationModule.load_from_checkpoint(record["best_checkpoint"])  # strict: the keys of an uncompiled model

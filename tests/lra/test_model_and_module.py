@@ -356,3 +356,41 @@ def test_a_non_finite_gradient_under_a_finite_loss_diverges_the_run_at_its_step(
     with pytest.raises(Diverged, match=r"gradients are not finite from step 2 \(the last finite loss 1\.7\)") as raised:
         lra_module.check_divergence()
     assert raised.value.step == 2
+
+
+class OutputsNaNWhenEvaluating(LRAClassificationModule):
+    """A model whose outputs are finite in training and NaN in evaluation (as a numerics bug of eval mode would be)."""
+
+    def evaluation_loss(self, batch, split):
+        loss = super().evaluation_loss(batch, split)
+        return loss * float("nan")
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_an_evaluation_whose_loss_is_not_finite_stops_the_run_as_diverged(tmp_path, split):
+    """Evaluation logits that were all NaN gave a finished run, its test 10.94% tabled: an accuracy of argmax over NaN."""
+    import pytorch_lightning as pl
+
+    from lra.module import Diverged, EvaluationNotFinite
+
+    generator = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.randint(1, 10, (4, 16), generator=generator)} for _ in range(4)]
+    for sample in samples:
+        sample["label"] = torch.randint(0, 10, (4,), generator=generator)
+    batches = torch.utils.data.DataLoader(samples, batch_size=None)  # each already a batch of 4
+    lra_module = (OutputsNaNWhenEvaluating if split == "val" else LRAClassificationModule)(
+        "listops", 16, {"dropout": 0.0}, {"name": "none"}, lr=1e-3, warmup_steps=2, max_steps=4
+    )
+    trainer = pl.Trainer(
+        max_steps=4, val_check_interval=2, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, use_distributed_sampler=False,
+    )  # fmt: skip
+    if split == "val":
+        with pytest.raises(EvaluationNotFinite, match=r"the validation loss is not finite \(nan\) after step 2") as raised:
+            trainer.fit(lra_module, train_dataloaders=batches, val_dataloaders=batches)
+    else:
+        trainer.fit(lra_module, train_dataloaders=batches, val_dataloaders=batches)
+        lra_module.__class__ = OutputsNaNWhenEvaluating
+        with pytest.raises(EvaluationNotFinite, match=r"the test loss is not finite \(nan\) after step 4") as raised:
+            trainer.test(lra_module, dataloaders=batches, verbose=False)
+    assert isinstance(raised.value, Diverged), "recorded as diverged (lra.run.recorded), never a result"

@@ -193,7 +193,7 @@ def test_a_requeued_cell_resumes_from_its_last_checkpoint(slurm, data_dir, tmp_p
             time.sleep(0.2)
         (checkpoint,) = outputs.rglob("last.ckpt")
         run_folder = checkpoint.parents[1]
-        interrupted_at = torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+        interrupted_at = torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
         assert 0 < interrupted_at < steps
         before = metrics_rows(run_folder)
         # Released, it starts again at once (a requeued job otherwise waits a couple of minutes).

@@ -1,7 +1,6 @@
 """``python -m lra.table``: run records -> Table 3 (Markdown, CSV, LaTeX, figure)."""
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -48,10 +47,9 @@ def record(
     hparams=None,
     **extra,
 ):
-    """A run record as lra.train writes it; the config hash stands for the whole configuration."""
+    """A run record as lra.train writes it, its config hash the one of the configuration it holds."""
     protocol = protocol or SMOKE
     hparams = {"dropout": 0.1} if hparams is None else hparams
-    config = dict(task=task, row=row, protocol=protocol, model=model or MODEL, hparams=hparams, seed=seed)
     result = {
         "task": task,
         "attention": row.split(" ")[0],
@@ -64,7 +62,6 @@ def record(
         "seq_len": 256,
         "data": {"source": "generated", "max_length": 250},
         "finished_at": finished_at,
-        "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         "best_checkpoint": "/somewhere/best.ckpt",
         **extra,
     }
@@ -72,7 +69,7 @@ def record(
         result.update(test_acc=acc, data_source=source, num_samples={"train": 2000, "val": 256, "test": num_test})
     else:
         result["error"] = extra.get("error", "RuntimeError: out of memory")
-    return RunRecord.from_dict(result)
+    return hashed(RunRecord.from_dict(result))
 
 
 def hashed(run):
@@ -152,7 +149,6 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
         # The same configuration and seed run again: the latest finished counts, and the table says so.
         record("softmax", "listops", 1, 0.30, finished_at="2026-02-01T00:00:00"),
     ]
-    records[2].config_hash += "-other-machine"
     copy = dataclasses.replace(records[0])  # one run found twice (outputs/ and results/runs/) is one record
     result = table.build([*records, copy])
     (section,) = result.sections
@@ -279,8 +275,8 @@ def test_only_sections_with_cells_and_runs_that_are_not_cells_listed_once_at_the
         record("softmax", "listops", 0, 0.31, num_test=None),  # no test size recorded: no float column either
     ]
     records[-1].num_samples = {"train": 2000}
-    records[-1].config_hash = "no-test-size"
     records[-1].data = {"source": "generated", "max_length": 300}
+    hashed(records[-1])
     result = table.build(records)
     assert [s.title for s in result.sections] == ["smoke, data.max_length=250", "smoke, data.max_length=300"]
     text = table.markdown(result, "test records")
@@ -479,8 +475,6 @@ def test_from_scratch_pretrained_and_rotary_runs_are_separate_labelled_sections(
         record("softmax", "listops", 0, 0.50, pretrain=longer),
         record("softmax", "listops", 0, 0.60, pretrain=mlm, model={**MODEL, "positions": "rotary"}),
     ]
-    for r in records:  # the hash stands for the whole configuration, pretraining and positions included
-        r.config_hash = hashlib.sha256(json.dumps([r.config_hash, r.pretrain, r.model]).encode()).hexdigest()[:16]
     sections = {s.title: s for s in sections_of(records)}
     scratch = sections["smoke, model.positions=learned, pretrain=none (from scratch)"]
     assert scratch.cell("softmax", "listops")["seeds"] == [0, 1]  # the old record is a from-scratch, learned run
@@ -514,9 +508,9 @@ def test_json_that_is_not_a_runs_record_is_no_run_and_only_finished_runs_are_col
     ]
     assert [(r.status, r.error) for r in records if r.seed is None] == [("failed", "bad override")]
     runs_dir = tmp_path / "runs"
-    assert table.collect(records, runs_dir) == 1
+    assert table.collect(table.find_record_files([tmp_path]), runs_dir) == 1
     assert [json.loads(p.read_text())["seed"] for p in runs_dir.iterdir()] == [0]
-    assert table.collect(records, runs_dir) == 0, "collected again: nothing new"
+    assert table.collect(table.find_record_files([tmp_path]), runs_dir) == 0, "collected again: nothing new"
 
 
 def test_one_protocols_table_under_its_own_name(tmp_path):
