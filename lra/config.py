@@ -184,6 +184,41 @@ def unknown_option(overrides: Iterable[str]) -> str | None:
     return None
 
 
+def value_problem(arguments: list[str]) -> str | None:
+    """What is wrong with a run's values (its seed, lengths, protocol, attention hyperparameters, process count), in
+    one line, found by composing it as ``lra.train`` will, before Hydra makes its folder; None where nothing is (or
+    where the command runs no training: ``--help``, ``--cfg``). A sweep (``-m``) is checked on its first cell, each
+    list at its first value (its other cells are checked by their own runs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    multirun = any(argument in ("-m", "--multirun") for argument in arguments)
+    if any(argument.startswith("-") and argument not in ("-m", "--multirun") for argument in arguments):
+        return None
+    overrides = [argument for argument in arguments if not argument.startswith("-")]
+    if multirun:
+        first = []
+        for override in OverridesParser.create().parse_overrides(overrides):
+            if override.is_sweep_override() and not override.is_discrete_sweep():
+                return None  # an interval: the sweeper's, not a value to check here
+            value = next(override.sweep_string_iterator()) if override.is_sweep_override() else None
+            first.append(override.input_line if value is None else f"{override.get_key_element()}={value}")
+        overrides = first
+    try:
+        cfg = compose(overrides)
+        checked(cfg, CLASSIFICATION)
+        attention_zoo.make_config(cfg.attention.name, **OmegaConf.to_container(cfg.attention.hparams, resolve=True))
+        if cfg.task.protocol.batch_size % processes(cfg.trainer):
+            return (
+                f"task.protocol.batch_size={cfg.task.protocol.batch_size} does not divide over {processes(cfg.trainer)} "
+                "processes; the protocol's batch is the total over all devices"
+            )
+    except (ValueError, TypeError) as error:
+        return str(error)
+    except Exception:  # what Hydra refuses in its own words is its to say, when it composes the run
+        return None
+    return None
+
+
 def row_name(attention_choice: str, overrides: Iterable[str]) -> str:
     """The table row a run belongs to: its ``attention=`` choice (a row of ``conf/attention/``, or a registered name)
     and every command-line change to it (``attention.*`` overrides, sorted, so that their order does not matter)."""

@@ -45,11 +45,13 @@ class Protocol:
         for key in ("batch_size", "max_steps", "val_check_interval", "limit_val_batches"):
             if getattr(self, key) < 1:
                 raise ValueError(f"task.protocol.{key} must be at least 1, got {getattr(self, key)}")
-        if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(
-                f"need warmup_steps >= 0, lr > 0 and weight_decay >= 0; got warmup_steps={self.warmup_steps}, "
-                f"lr={self.lr}, weight_decay={self.weight_decay}"
-            )
+        for key, bad, need in (
+            ("warmup_steps", self.warmup_steps < 0, "at least 0"),
+            ("lr", self.lr <= 0, "positive"),
+            ("weight_decay", self.weight_decay < 0, "at least 0"),
+        ):
+            if bad:
+                raise ValueError(f"task.protocol.{key} must be {need}, got {getattr(self, key)}")
         if self.warmup_steps == 1:
             raise ValueError(schedule_problem(1, self.max_steps))
 

@@ -70,12 +70,12 @@ def committed_run(cfg: DictConfig, config_hash: str) -> Path | None:
     return finished_runs([config_hash], record_paths(Path(cfg.paths.runs_dir))).get(config_hash)
 
 
-def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:
-    """Move a finished run's record, checkpoints and logged metrics to ``history/<finished_at>/`` so
-    that ``rerun=true`` starts afresh and nothing is lost. The record is kept as ``record.json``
-    (``lra.table`` collects every ``results.json``, and an earlier run must not count twice);
-    train.log goes on, appended to."""
-    stamp = str(previous.finished_at or "unknown").replace(":", "").replace("+0000", "Z")
+def archive_run(output_dir: Path, previous: RunRecord) -> Path:
+    """Move an earlier run's record, checkpoints and logged metrics to ``history/<when it finished or started>/`` so
+    that a new run starts afresh in the folder and nothing is lost: a finished run ``rerun=true`` replaces, or a run of
+    another configuration. The record is kept as ``record.json`` (``lra.table`` collects every ``results.json``, and
+    an earlier run must not count twice); train.log goes on, appended to."""
+    stamp = str(previous.finished_at or previous.started_at or "unknown").replace(":", "").replace("+0000", "Z")
     target = output_dir / HISTORY / stamp
     target.mkdir(parents=True, exist_ok=True)
     shutil.move(output_dir / results.RESULTS_FILE, target / "record.json")
@@ -83,6 +83,26 @@ def archive_finished_run(output_dir: Path, previous: RunRecord) -> Path:
         if (output_dir / name).exists():
             shutil.move(output_dir / name, target / name)
     return target
+
+
+def keep_another_configurations_run(output_dir: Path, record: RunRecord) -> None:
+    """Where the folder holds a run of another configuration (the same command after a default, an experiment's
+    value or a preset changed), move it to ``history/`` (:func:`archive_run`) and say so in one line: this run starts
+    from step 0 beside it, never over its checkpoints and metrics."""
+    previous = results.read(output_dir / results.RESULTS_FILE)
+    if previous is None or previous.config_hash in (None, record.config_hash):
+        return
+    kept = archive_run(output_dir, previous)
+    log.warning(
+        "%s held a run of another configuration (%s, %s at step %s): it is kept in %s; this configuration (%s) starts "
+        "from step 0",
+        output_dir,
+        previous.config_hash,
+        previous.status,
+        previous.steps,
+        kept,
+        record.config_hash,
+    )
 
 
 def last_checkpoint(cfg: DictConfig) -> Path:
@@ -120,7 +140,7 @@ class EarlierRun:
         self.put_back = False
 
     def move_to_history(self, previous: RunRecord) -> Path:
-        self.archive = archive_finished_run(self.output_dir, previous)
+        self.archive = archive_run(self.output_dir, previous)
         return self.archive
 
     def trained_a_step(self) -> bool:
@@ -188,6 +208,7 @@ def finished_run(cfg: DictConfig, record: RunRecord, output_dir: Path, earlier: 
 def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path | None, int]:
     """What a run that trains checks and records first: the checkpoint an earlier interrupted run of its configuration
     left to resume from, and its process count."""
+    keep_another_configurations_run(output_dir, record)
     resume_from = resumable(last_checkpoint(cfg), output_dir / results.RESULTS_FILE, record)
     if resume_from is not None:
         record.resumed_from = str(resume_from)
@@ -205,8 +226,7 @@ def resumable(last: Path, record_path: Path, record: RunRecord) -> Path | None:
     """``last`` where the run of ``record`` resumes from it: the folder's record is of this configuration, or is
     missing or damaged and ``last`` carries this run's identity. A damaged ``last.ckpt``, one of another run, or one
     beside a damaged record that cannot tell is refused with one message naming it and the fix, never trained over
-    from step 0 in silence; a folder whose record is of another configuration (its overrides meant another before a
-    default changed) starts afresh."""
+    from step 0 in silence (a run of another configuration was moved to history/ before: :func:`prepare`)."""
     previous = results.read(record_path)
     if not last.is_file() or (previous is not None and previous.config_hash != record.config_hash):
         return None  # nothing to resume, or another configuration's run in this folder: it starts afresh

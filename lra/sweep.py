@@ -102,6 +102,9 @@ def summary(cells: list[dict[str, Any]]) -> tuple[list[str], int]:
             detail += f", skipped: its configuration finished in {elsewhere}" if elsewhere else ""
         elif status == "running" and (holder := run_lock.holder(folder)):
             detail = f"in use by another run ({holder})"  # this sweep's job stopped at once (lra/run_lock.py)
+        elif status == "interrupted":
+            at = f" at step {record.steps}" if record.steps is not None else " before its first checkpoint"
+            detail = f"interrupted{at}: the same command resumes it from its last.ckpt"
         else:
             detail = (record.error or "the job ended without a record; see its train.log").splitlines()[0][:160]
         rows.append((status, name, detail, str(folder)))

@@ -89,13 +89,19 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def cli() -> None:
-    """``python -m lra.train`` and ``lra-train``: the overrides Hydra would refuse with its own words are refused
-    first, in one line that names the fix; then the run."""
+    """``python -m lra.train`` and ``lra-train``: the overrides Hydra would refuse with its own words, and values the
+    run would refuse (:func:`lra.config.value_problem`), are refused first, in one line that names the fix and before
+    anything is written; then the run."""
     arguments = sys.argv[1:]
     if problem := config.unknown_option(arguments):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     if problem := config.unknown_hparam_overrides(arguments) or config.renamed_model_overrides(arguments):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(1)
+    # Before Hydra makes the run's folder, so that nothing is left behind; with HYDRA_FULL_ERROR=1 the run itself
+    # refuses them, with the traceback asked for.
+    if os.environ.get("HYDRA_FULL_ERROR") != "1" and (problem := config.value_problem(arguments)):
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(1)
     main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -131,3 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     except CampaignError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.status
+    except BrokenPipeError:  # status | head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 0

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import results, run_lock
+from .. import checkpoints, results, run_lock
 from ..finished import finished_runs, record_paths
 from .plan import CELLS, LOG_FILE, Cell, Plan
 
@@ -24,19 +24,29 @@ def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tup
 
 
 def progress(folder: Path) -> tuple[int | None, float | None]:
-    """The latest logged step of a run and its latest validation accuracy, from its metrics.csv."""
+    """The latest logged step of a run and its latest validation accuracy, from its metrics.csv (a row's step is the
+    steps trained when it was logged)."""
     path = folder / "metrics" / "metrics.csv"
     step, val = None, None
     try:
         with open(path, newline="") as file:
             for row in csv.DictReader(file):
                 if row.get("step"):
-                    step = int(float(row["step"])) + 1  # Lightning logs step s after s + 1 updates
+                    step = int(float(row["step"]))
                 if row.get("val/acc"):
                     val = float(row["val/acc"])
     except (OSError, ValueError):
         pass
     return step, val
+
+
+def saved_step(folder: Path) -> int | None:
+    """The step a stopped run's last.ckpt holds (where it resumes, which ``unpack`` says too); None where it has none
+    that reads."""
+    try:
+        return checkpoints.step(folder / "checkpoints" / "last.ckpt")
+    except checkpoints.UNREADABLE:
+        return None
 
 
 @dataclass
@@ -66,6 +76,9 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
     exit_file = campaign / CELLS / f"{cell.index}.exit"
     launched = (campaign / CELLS / f"{cell.index}.log").is_file()
     step, val = progress(folder)
+    holder = run_lock.holder(folder)
+    if not holder and (saved := saved_step(folder)) is not None:  # stopped: where it resumes, not its latest row
+        step = saved
     steps = f"step {step or 0}/{cell.max_steps}" + (f", val acc {val:.4f}" if val is not None else "")
     record = results.read(folder / results.RESULTS_FILE)
     if cell.config_hash in found:
@@ -74,7 +87,7 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
         return CellState(cell, "finished", f"test acc {finished.test_acc:.4f}{where}", found[cell.config_hash])
     if cell.config_hash in committed:
         return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}")
-    if holder := run_lock.holder(folder):
+    if holder:
         return CellState(cell, "running", f"{steps} ({holder})")
     if record and record.status == "diverged":
         # Its settings make it diverge: run again, it would again. Not run, and its record goes on from job to job.

@@ -25,6 +25,7 @@ id 0 (a black pixel) as padding. ``pixel_zero_is_padding: false`` shifts every p
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,7 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec("pathx", **PATHFINDER),
     )
 }
+log = logging.getLogger(__name__)
 SOURCES = ("auto", "official", "generated")
 
 
@@ -184,6 +186,13 @@ def prepare_task(name: str, data: dict[str, Any], *, force: bool = False) -> Res
             cache.verify(resolved.folder, cache.read_manifest(resolved.folder), checksums=True)
             return resolved
     else:
+        if data["source"] == "auto":  # a mistyped task.data.source_dir falls back to the generator: said
+            log.info(
+                "%s: no official files at %s (task.data.source=auto): the generated data trains; "
+                "task.data.source=official requires the official files",
+                name,
+                data["source_dir"],
+            )
         source_dir = spec.generate(Path(data["generated_dir"]), data["generator"])  # checked, or generated again
     options = dict(data.get("options") or {})
 

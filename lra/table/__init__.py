@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import config
 from ..paper import TABLE3, TABLES
+from ..results import RESULTS_FILE
 from . import curves
 from .cells import LISTOPS_SPLIT, TASKS, agreement, cell_frame, frame, on_papers_side, spearman
 from .curves import find_curves
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         found = find_record_files([*args.runs, runs_dir])
         source, out = f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`", args.out
-    paths = write_all([record for _, record in found], out, source, curves=find_curves(found), **only)
+    local = {record.config_hash for path, record in found if path.name == RESULTS_FILE}  # the user's own runs: first
+    paths = write_all([record for _, record in found], out, source, curves=find_curves(found), local=local, **only)
     for path in paths:
         print(f"wrote {path}")

@@ -79,42 +79,57 @@ def declared_protocol(name: str, task: str) -> dict[str, Any] | None:
     return protocol if protocol.get("name") == name else None
 
 
+def asked(protocol: dict[str, Any], adjusted: dict[str, Any]) -> dict[str, Any]:
+    """A run's protocol as the run asked for it: before a shortened run's fitting, which follows from it."""
+    return {**protocol, **{key: change["from"] for key, change in adjusted.items() if key in protocol}}
+
+
 def departures(protocol: dict[str, Any] | None, adjusted: dict[str, Any], task: str) -> dict[str, str]:
     """``protocol.<key>: JSON value`` for each setting in which a run's protocol departs from its protocol as declared
-    (:func:`declared_protocol`), the values as the run asked for them (before a shortened run's fitting, which follows
-    from them); none where the protocol is declared nowhere."""
+    (:func:`declared_protocol`), the values as the run asked for them; none where the protocol is declared nowhere."""
     protocol = protocol or {}
     declared = declared_protocol(protocol.get("name", NOT_RECORDED), task)
     if declared is None:
         return {}
-    asked = {**protocol, **{key: change["from"] for key, change in adjusted.items() if key in protocol}}
     return {
         f"protocol.{key}": json.dumps(value, sort_keys=True)
-        for key, value in sorted(asked.items())
+        for key, value in sorted(asked(protocol, adjusted).items())
         if key in declared and declared[key] != value
     }
 
 
+def set_by_the_user(protocol: dict[str, Any] | None, adjusted: dict[str, Any], overrides: str) -> dict[str, str]:
+    """``protocol.<key>: JSON value`` for each protocol setting the run's command line set (``task.protocol.<key>=``),
+    as asked: what the user declared, which titles the runs of every task it was given to alike, where one task's
+    experiment declares that value already and another's does not. A committed record keeps no command line."""
+    values = asked(protocol or {}, adjusted)
+    keys = {
+        token.split("=", 1)[0].removeprefix("task.protocol.") for token in overrides.split() if token.startswith("task.protocol.")
+    }
+    return {f"protocol.{key}": json.dumps(values[key], sort_keys=True) for key in sorted(keys) if key in values}
+
+
 def section_titles(runs: pd.DataFrame, precision: bool = True) -> pd.Series:
-    """A run's section: its protocol, each setting in which it departs from the protocol as declared, each setting that
-    differs between the protocol's runs of its task (the row's aside), and the precision where it is not float32.
+    """A run's section: its protocol as the user declared it, and the precision where it is not float32.
 
     Runs that differ in anything but their row and seed are never averaged: a section is one protocol (its ``name``)
-    with the values of every setting that differs between the protocol's cells of a task (``protocol.max_steps=20``),
-    of every protocol setting in which its runs depart from the protocol as its experiment declares it
-    (:func:`departures`: a lone 20-step run is titled ``protocol.max_steps=20``), and the precision where it is not
-    float32 (precision is part of the configuration: float32 and bf16 runs never pool). ``precision=False``: the title
-    without the precision, which the sections of one protocol in several precisions share (:func:`precision_pairs`).
+    with the value of every protocol setting in which its runs depart from the protocol as its experiment declares it
+    for their task (:func:`departures`: a lone 20-step run is titled ``protocol.max_steps=20``) or that their command
+    line set (:func:`set_by_the_user`: one sweep of two tasks is one section), of every other setting that differs
+    between the protocol's cells of a task (``model.positions``, ``pretrain``), and the precision where it is not
+    float32 (float32 and bf16 runs never pool). A protocol's runs that depart from nothing declared (a protocol named on
+    the command line) but differ are rows of one section, labelled by what differs (:func:`row_labels`); the runs of
+    the declared protocol keep its name beside a user's shortened ones. ``precision=False``: the title without the
+    precision, which the sections of one protocol in several precisions share (:func:`precision_pairs`).
     """
     configs = configs_of(runs)
-    section_keys = [key for key in configs if not key.startswith(ROW_KEYS) and (precision or key != "precision")]
-    differing = configs[section_keys].where(
-        configs[section_keys].groupby([runs["protocol"], runs["task"]]).transform("nunique") > 1
-    )
+    other_keys = [key for key in configs if not key.startswith((*ROW_KEYS, "protocol.")) and (precision or key != "precision")]
+    differing = configs[other_keys].where(configs[other_keys].groupby([runs["protocol"], runs["task"]]).transform("nunique") > 1)
     titles = []
     for (index, run), differs in zip(runs.iterrows(), differing.itertuples(index=False)):
-        shown = {key: value for key, value in zip(section_keys, differs) if isinstance(value, str)}
+        shown = {key: value for key, value in zip(other_keys, differs) if isinstance(value, str)}
         shown.update(departures(run["protocol_fields"], run["adjusted"], run["task"]))
+        shown.update(set_by_the_user(run["protocol_fields"], run["adjusted"], run["overrides"]))
         if precision and json.loads(run_precision(configs, index)) != FLOAT32:
             shown["precision"] = run_precision(configs, index)
         titles.append(", ".join([run["protocol"], *(f"{key}={json.loads(shown[key])}" for key in sorted(shown))]))
@@ -188,6 +203,7 @@ class Section:
     duplicates: list[str] = field(default_factory=list)
     order: tuple[str, ...] = ()  # the rows' order (presets); rows not in it follow by name. Default: the paper's
     precision: str = FLOAT32  # its runs' (Lightning's name)
+    local: bool = False  # it has runs of the user's own (in the output folder, not only committed records)
     title_without_precision: str = ""  # what the sections of one protocol in several precisions share; default: title
 
     def __post_init__(self) -> None:
@@ -232,11 +248,12 @@ class Section:
 
 
 def evidence_first(section: Section) -> tuple:
-    """The order of the sections, strongest evidence first: the paper's protocol as run (then as declared), then the
-    section with the most rows, then the most runs; ties by protocol name and the values of the settings, numbers by
-    value (:func:`natural_order`)."""
+    """The order of the sections: the user's own runs first, then the strongest evidence: the paper's protocol as run
+    (then as declared), then the section with the most rows, then the most runs; ties by protocol name and the values
+    of the settings, numbers by value (:func:`natural_order`)."""
     runs = int(section.cells["num_seeds"].sum())
     return (
+        not section.local,
         not section.paper_protocol,
         section.protocol != "paper",
         -len(section.rows),
@@ -321,12 +338,13 @@ def build(
     rows: str | tuple[str, ...] = PAPER_ROWS,
     speed: bool = False,
     curves: dict[str, Path] | None = None,
+    local: set[str] | frozenset[str] = frozenset(),
 ) -> Table:
     """The table of ``records`` beside the paper's table ``published``: its sections of cells, and the runs that are
     not cells. ``rows``: PAPER_ROWS (the published table: its rows only, in its order), ALL_ROWS (every row with
     finished runs: the paper's in its order, then the others by name) or the rows to show, in their order. A finished
     record that is not a result (:func:`lra.table.records.as_result`, its curve from ``curves`` where there) is listed
-    with why, never a cell.
+    with why, never a cell. ``local``: the configuration hashes of the user's own runs (their sections come first).
 
     In the published table, runs of a row that is in no published table (``lra/paper.py``) are listed with the runs
     that are not cells; a row of another published table only is left out without a word: it is that table's.
@@ -361,6 +379,7 @@ def build(
             published=published,
             order=order,
             precision=json.loads(run_precision(configs, runs_of.index[0])),
+            local=bool(runs_of["config_hash"].isin(local).any()),
             title_without_precision=without_precision[runs_of.index[0]],
             duplicates=[
                 f"{run.task} / {run.row} / seed {run.seed}: {run.copies} runs of one configuration, "

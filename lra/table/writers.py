@@ -32,6 +32,7 @@ from .sections import (
     build,
     row_label,
 )
+from .speed import figure as speed_figure
 
 #: A training rate is marked as measured under load where other work kept more threads than this per CPU running or
 #: waiting to run (the load average beyond the run's own threads) at the start or end of its timed steps: half of the
@@ -466,18 +467,20 @@ def write_all(
     rows: str | tuple[str, ...] = PAPER_ROWS,
     speed: bool = False,
     curves: dict[str, Path] | None = None,
+    local: set[str] | frozenset[str] = frozenset(),
 ) -> list[Path]:
     """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default :func:`default_name`) into
     ``out_dir`` from ``records`` (only those of ``protocols`` if given), with the rows of :func:`build`, and where
     ``curves`` (:func:`lra.table.curves.find_curves`) has the learning curves of a section's runs,
-    ``<name>_curves.png`` (:func:`lra.table.curves.figure`). Writing twice from the same records gives the same
-    files."""
+    ``<name>_curves.png`` (:func:`lra.table.curves.figure`), and where its runs recorded their speed and memory,
+    ``<name>_speed.png``, the LRA paper's Figure 3 (:func:`lra.table.speed.figure`). Writing twice from the same
+    records gives the same files."""
     if protocols:
         records = [record for record in records if (record.protocol or {}).get("name") in protocols]
     if not records:
         wanted = f" of protocol {', '.join(protocols)}" if protocols else ""
         raise SystemExit(f"error: no run records{wanted} found; train some cells first (python -m lra.train ...)")
-    table = build(records, published, rows, speed, curves)
+    table = build(records, published, rows, speed, curves, local)
     if isinstance(rows, tuple):
         shown = {base_row(label) for section in table.sections for label in section.rows}
         if missing := [row for row in rows if row not in shown]:
@@ -497,6 +500,10 @@ def write_all(
         paths.append(out_dir / f"{name}_curves.png")
     else:  # an earlier table's, of runs with curves: not this one's
         (out_dir / f"{name}_curves.png").unlink(missing_ok=True)
+    if speed_figure(table, out_dir / f"{name}_speed.png"):
+        paths.append(out_dir / f"{name}_speed.png")
+    else:
+        (out_dir / f"{name}_speed.png").unlink(missing_ok=True)
     return paths
 
 

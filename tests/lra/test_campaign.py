@@ -136,7 +136,7 @@ def test_cells_on_a_gpu_without_one_are_refused(tmp_path, capsys, monkeypatch):
 def test_status_shows_a_running_cells_step_from_its_metrics(tmp_path):
     folder = tmp_path / "run"
     (folder / "metrics").mkdir(parents=True)
-    (folder / "metrics" / "metrics.csv").write_text("epoch,step,train/loss,val/acc\n0,49,2.3,\n0,49,,0.25\n0,99,2.1,\n")
+    (folder / "metrics" / "metrics.csv").write_text("epoch,step,train/loss,val/acc\n0,50,2.3,\n0,50,,0.25\n0,100,2.1,\n")
     cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 5000, 0)
     where = [tmp_path / "out", tmp_path / "runs"]
     (tmp_path / "c" / campaign.CELLS).mkdir(parents=True)

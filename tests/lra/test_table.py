@@ -104,22 +104,19 @@ def test_runs_with_different_budgets_are_never_averaged_as_seeds():
         record("softmax", "listops", 0, None, status="failed", protocol={**SMOKE, "max_steps": 5}),
     ]
     result = table.build(records)
-    # The 5-step configuration has no finished run: no section of its own, one line at the end.
-    assert [s.title for s in result.sections] == [
-        "smoke, protocol.max_steps=10",
-        "smoke, protocol.max_steps=20",
-        "smoke, protocol.max_steps=400",
-    ]
-    cell = only(result.sections, "smoke, protocol.max_steps=400").cell("softmax", "listops")
+    # The 5-step configuration has no finished run: no section of its own, one line at the end. The declared protocol
+    # keeps its name beside the shortened runs (issue 71: a committed section was renamed by a user's runs).
+    assert [s.title for s in result.sections] == ["smoke", "smoke, protocol.max_steps=10", "smoke, protocol.max_steps=20"]
+    cell = only(result.sections, "smoke").cell("softmax", "listops")
     assert cell["accuracies"] == [31.25] and cell["seeds"] == [0]
     text = table.markdown(result, "test records")
-    assert "## smoke, protocol.max_steps=400" in text and "| softmax | 31.25 ± 1.47† | 37.10‡ |" not in text
+    assert "## smoke\n" in text and "| softmax | 31.25 ± 1.47† | 37.10‡ |" not in text
     assert "| softmax | 31.25 ± 1.47† | 37.10 | – | 65.02 |" in text
     # Only the configuration with no finished run did not finish, listed once, at the end.
     (line,) = [line for line in text.splitlines() if "out of memory" in line]
     assert line.startswith("- listops / softmax / seed 0, protocol smoke, config ")
     assert line.endswith(": failed: RuntimeError: out of memory")
-    assert text.index("## Not in the table") > text.index("## smoke, protocol.max_steps=400")
+    assert text.index("## Not in the table") > text.index("## smoke, protocol.max_steps=20")
 
 
 def test_sections_come_strongest_evidence_first_and_the_figure_draws_the_first_alone(tmp_path):
@@ -130,7 +127,7 @@ def test_sections_come_strongest_evidence_first_and_the_figure_draws_the_first_a
     records += [record(row, "listops", 0, 0.3) for row in ("softmax", "none", "linformer")]  # 3 rows x 1 seed
     records += [record(row, "listops", 0, 0.3, protocol={**SMOKE, "max_steps": 10}) for row in ("softmax", "none")]
     titles = [section.title for section in table.build(records).sections]
-    assert titles == ["smoke, protocol.max_steps=400", "smoke, protocol.max_steps=10", "smoke, protocol.max_steps=20"]
+    assert titles == ["smoke", "smoke, protocol.max_steps=10", "smoke, protocol.max_steps=20"]
     records += [record("softmax", "listops", seed, 0.3, protocol={**SMOKE, "max_steps": 30}) for seed in range(4)]
     assert [s.title for s in table.build(records).sections][2:4] == ["smoke, protocol.max_steps=30", titles[2]]
     paper = table.build([*records, paper_record("softmax", "listops", 0, 0.36)])  # one run, one row
@@ -634,11 +631,37 @@ def test_a_lone_shortened_run_names_its_budget_and_sections_follow_the_numbers()
     assert [s.title for s in table.build([record("softmax", "listops", 0, 0.2)]).sections] == ["smoke"], "as declared"
     steps = [5, 60, 400, 10, 12, 30]
     shortened = table.build([record("softmax", "listops", 0, 0.2, protocol={**SMOKE, "max_steps": n}) for n in steps])
-    assert [s.title for s in shortened.sections] == [f"smoke, protocol.max_steps={n}" for n in sorted(steps)]
+    assert [s.title for s in shortened.sections] == ["smoke"] + [
+        f"smoke, protocol.max_steps={n}" for n in sorted(steps) if n != 400
+    ]
     # A protocol that no experiment declares (named on the command line) has nothing to depart from.
     assert [
         s.title for s in table.build([record("softmax", "listops", 0, 0.2, protocol={**SMOKE, "name": "mine"})]).sections
     ] == ["mine"]
+
+
+def test_one_sweep_of_two_tasks_is_one_section_and_a_users_shortened_runs_rename_no_committed_section(tmp_path):
+    """Issue 71: the README's task=listops,pathfinder sweep, shortened on its command line, gave two sections (one task's
+    experiment declares the value, the other's does not); and a committed section was renamed where a user's own runs
+    of its protocol had other steps. One section per protocol as the user declared it, the user's runs first."""
+    shortened = ["task.protocol.max_steps=200"]
+    listops = {**table.declared_protocol("smoke", "listops"), "max_steps": 200}
+    pathfinder = {**table.declared_protocol("smoke", "pathfinder"), "max_steps": 200}
+    assert (
+        table.declared_protocol("smoke", "pathfinder")["max_steps"]
+        == 200
+        != table.declared_protocol("smoke", "listops")["max_steps"]
+    )
+    sweep = [
+        record("softmax", "listops", 0, 0.3, protocol=listops, overrides=shortened),
+        record("softmax", "pathfinder", 0, 0.6, protocol=pathfinder, overrides=shortened),
+    ]
+    assert [s.title for s in table.build(sweep).sections] == ["smoke, protocol.max_steps=200"]
+
+    committed = [record(row, "listops", seed, 0.3) for row in ("softmax", "none") for seed in (0, 1)]
+    mine = record("softmax", "listops", 0, 0.25, protocol={**SMOKE, "max_steps": 100}, overrides=["task.protocol.max_steps=100"])
+    result = table.build([*committed, mine], local={mine.config_hash})
+    assert [s.title for s in result.sections] == ["smoke, protocol.max_steps=100", "smoke"], "the user's first, the other kept"
 
 
 def test_precision_is_part_of_a_cells_identity_and_its_title():
@@ -738,8 +761,11 @@ def test_the_learning_curves_of_the_strongest_section_are_drawn_from_the_runs_me
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plt.Axes, "plot", lambda ax, x, y, **kw: plotted.append((list(x), list(y))) or original(ax, x, y, **kw))
         table.main(["--runs", str(outputs), "--results", str(results), "--out", str(outputs), "--paper", "table3"])
+        assert plotted == [([50], [20.0])], "the user's own section comes first"
+        plotted.clear()
+        table.main(["--committed", "--results", str(results), "--paper", "table3"])
     assert plotted == [([50, 100], [17.0, 30.0])] * 3, "the first section's three runs, each once"
-    assert (outputs / "table3_curves.png").stat().st_size > 0
+    assert (outputs / "table3_curves.png").stat().st_size > 0 and (results / "table3_curves.png").stat().st_size > 0
     # Without any curve, no figure of them.
     (results / "runs" / "curves").rename(tmp_path / "elsewhere")
     table.main(["--committed", "--results", str(results), "--paper", "table3"])
@@ -819,10 +845,16 @@ def test_a_killed_run_is_abandoned_beside_a_live_one_that_is_running(tmp_path):
 
 
 @pytest.mark.slow
-def test_refused_and_killed_runs_of_the_command_line_are_in_the_failed_runs_with_their_overrides(tmp_path, run_train):
-    """As a user meets them: two runs refused for a bad value and one killed with SIGKILL, then python -m lra.table."""
-    for override in ("task.protocol.batch_size=0", "task.protocol.lr=-1"):
-        assert run_train(override, check=False).returncode == 1
+def test_runs_refused_for_a_bad_value_leave_nothing_and_a_killed_run_is_in_the_failed_runs(tmp_path, run_train):
+    """As a user meets them: two runs refused for a bad value (one line each, before Hydra makes a folder: nothing to
+    list) and one killed with SIGKILL, then python -m lra.table."""
+    for override, message in (
+        ("task.protocol.batch_size=0", "error: task.protocol.batch_size must be at least 1, got 0"),
+        ("task.protocol.lr=-1", "error: task.protocol.lr must be positive, got -1.0"),
+    ):
+        refused = run_train(override, check=False)
+        assert refused.returncode == 1 and refused.stderr.strip() == message, refused.stderr[-2000:]
+        assert not (tmp_path / "outputs").exists(), "no folder, no record"
     killed = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment(kill_at_step=3))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     env = {**os.environ, "LRA_OUTPUT_DIR": str(tmp_path / "outputs")}
@@ -831,7 +863,32 @@ def test_refused_and_killed_runs_of_the_command_line_are_in_the_failed_runs_with
     )
     assert process.returncode == 0, process.stderr
     failed = (tmp_path / "outputs" / "comparison.md").read_text().split("## Not in the table")[1]
-    assert ", no configuration resolved, overrides: task.seq_len=64 " in failed
-    assert "task.protocol.batch_size=0: failed: ValueError: task.protocol.batch_size must be at least 1, got 0" in failed
-    assert "task.protocol.lr=-1: failed: ValueError: " in failed
+    assert "task.protocol.batch_size=0" not in failed and "task.protocol.lr=-1" not in failed
     assert f"{kill_at_step.OVERRIDE}: abandoned: its process ended without recording how" in failed, failed
+
+
+def test_the_lra_papers_figure_3_accuracy_against_speed_with_memory_from_the_records(tmp_path):
+    """Issue 71: the figure users know from the LRA paper, test accuracy against training speed with peak memory as
+    the marker's size, from the records' own speed and memory, beside comparison.png."""
+    runs = tmp_path / "outputs"
+    write_runs(
+        runs,
+        [
+            record("softmax", "listops", 0, 0.36, steps_per_second=2.0, peak_memory_mb=800),
+            record("softmax", "listops", 1, 0.34, steps_per_second=4.0, peak_memory_mb=600),
+            record("none", "listops", 0, 0.18, steps_per_second=9.0, peak_memory_mb=100),
+            record("yoso_32", "listops", 0, 0.33),  # no speed or memory recorded: no point
+        ],
+    )
+    drawn = []
+    original = plt.Axes.scatter
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt.Axes, "scatter", lambda ax, x, y, s, **kw: drawn.append((x, y, s)) or original(ax, x, y, s=s, **kw))
+        table.main(["--runs", str(runs), "--results", str(tmp_path / "results"), "--out", str(runs)])
+    assert drawn == [(9.0, pytest.approx(18.0), 40 + 1200 * 100 / 700), (3.0, pytest.approx(35.0), 40 + 1200 * 700 / 700)]
+    assert (runs / "comparison_speed.png").stat().st_size > 0
+    for path in runs.glob("run*/results.json"):  # the same runs without their speed: no figure, an earlier one removed
+        values = json.loads(path.read_text())
+        path.write_text(json.dumps({key: value for key, value in values.items() if key != "steps_per_second"}))
+    table.main(["--runs", str(runs), "--results", str(tmp_path / "results"), "--out", str(runs)])
+    assert not (runs / "comparison_speed.png").exists()

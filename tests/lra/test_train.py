@@ -102,13 +102,17 @@ def test_rerun_runs_a_finished_configuration_again_and_keeps_the_earlier_one(tmp
 @pytest.mark.slow
 def test_a_rerun_that_fails_before_its_first_step_leaves_the_finished_run_where_it_was(tmp_path, run_train):
     """rerun=true moved the finished run to history/ and then failed at start: results.json said failed, checkpoints/
-    was gone. Settings that keep the run's folder and fail before training: a batch that does not divide over the
-    processes (in the run's preparation), and a logger whose package is missing (as the Trainer is built)."""
+    was gone. Settings that keep the run's folder and fail before training, as the Trainer is built: an accelerator
+    that does not exist, and a logger whose package is missing. (A batch that does not divide over the processes is refused
+    before anything is written: the finished run is never moved.)"""
     run_train()
     (path,) = results_files(tmp_path)
     finished = path.read_text()
     checkpoints = sorted(p.name for p in (path.parent / "checkpoints").iterdir())
-    failing = [("trainer.devices=3", "does not divide over 3 processes")]
+    refused = run_train("trainer.devices=3", "rerun=true", check=False)
+    assert refused.returncode == 1 and "does not divide over 3 processes" in refused.stderr
+    assert path.read_text() == finished and not (path.parent / "history").exists()
+    failing = [("trainer.accelerator=no_such_device", "no_such_device")]
     if importlib.util.find_spec("wandb") is None:
         failing.append(("logger=wandb", "the logger (pytorch_lightning.loggers.WandbLogger) needs a package"))
     for override, message in failing:
@@ -376,7 +380,9 @@ def test_a_registered_attention_or_preset_without_a_yaml_trains_as_its_row(tmp_p
         "warmup-of-one",
     ],  # fmt: skip
 )
-def test_a_configuration_error_is_one_clear_message_and_a_failed_record(tmp_path, run_train, override, message, exception):
+def test_a_configuration_error_is_one_clear_message_before_anything_is_written(tmp_path, run_train, override, message, exception):
+    """Bad values were found after the run's folder and a failed record existed, which then sat in the table's failed
+    list: they are refused as unknown keys are, before Hydra makes a folder (the run's own check stays behind it)."""
     process = run_train(override, check=False)
     assert process.returncode == 1 and process.stderr.startswith("error: ") and message in process.stderr, process.stderr
     assert "Traceback" not in process.stdout + process.stderr and not (tmp_path / "outputs").exists()
@@ -676,7 +682,13 @@ def test_a_last_checkpoint_of_another_configuration_is_refused_not_resumed(tmp_p
     status = {path.parent: json.loads(path.read_text())["status"] for path in (tmp_path / "outputs").rglob("results.json")}
     [theirs] = [folder for folder, value in status.items() if value == "finished"]
     [ours] = [folder for folder, value in status.items() if value != "finished"]
-    shutil.copy(theirs / "checkpoints" / "last.ckpt", ours / "checkpoints" / "last.ckpt")
+    shutil.copy(theirs / "checkpoints" / "last.ckpt", ours / "checkpoints" / "last.ckpt")  # without its digest
+    refused = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment())
+    assert refused.returncode == 1
+    said = refused.stdout + refused.stderr
+    assert f"{ours / 'checkpoints' / 'last.ckpt'} is not the checkpoint that was written there" in said, said[-2000:]
+    for name in ("last.ckpt", "last.ckpt.sha256"):  # with it: the checkpoint is whole, and another run's
+        shutil.copy(theirs / "checkpoints" / name, ours / "checkpoints" / name)
     refused = run_train(kill_at_step.OVERRIDE, check=False, env=kill_at_step.environment())
     assert refused.returncode == 1
     said = refused.stdout + refused.stderr
