@@ -217,8 +217,6 @@ def plan(
                 "512",
                 "2048",
                 "8192",
-                "--repeats",
-                "3",
                 "--max-batch-tokens",
                 str(2**18),
                 "--quiet",
@@ -260,7 +258,7 @@ def plan(
                 # two grids into one step_cuda.csv: compiled with CUDA graphs, then eager (its own rows); Table 3's
                 # targets are on the compiled steps, so a time limit that cuts the step short cuts the eager grid
                 "import sys; from lra.bench.step import main; "
-                "common = ['--device', 'cuda', '--tasks', 'listops', '--attentions', sys.argv[1], '--steps', '20', "
+                "common = ['--device', 'cuda', '--tasks', 'listops', '--attentions', sys.argv[1], "
                 "'--warmup', '5', '--profile', '--quiet', '--out', sys.argv[2]]; "
                 "sys.exit(main(common + ['--compile', '--compile-mode', 'reduce-overhead']) or main(common))",
                 ",".join(step_attentions()),
