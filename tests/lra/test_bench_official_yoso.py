@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from lra.bench import gpu, kernels, official_yoso
+from lra.bench import gpu, gpu_figures, kernels, official_yoso
 
 YOSO_PY = '''
 import torch
@@ -138,7 +138,7 @@ def test_official_rows_are_timed_beside_ours_and_refusals_recorded(stand_in, tmp
     assert torch.utils.cpp_extension.load is official_yoso.REAL_LOAD
     assert "mlpen/YOSO v2 at abc123" in capsys.readouterr().out
 
-    figures = gpu.official_figures(rows)
+    figures = gpu_figures.official_figures(rows)
     ours = {
         (r["dtype"], r["seq_len"]): float(r["time_ms"])
         for r in rows
