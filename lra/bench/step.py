@@ -93,6 +93,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.benchmark import Measurement
 from tqdm import tqdm
 
 from lra import config
@@ -197,7 +198,7 @@ SPREAD_BOUND = 0.10
 GENERATED_BATCHES = 64  # a data-loading line's generated ListOps, read pass after pass as the Trainer reads epochs
 
 
-def timed_columns(measured, batch: int) -> dict[str, Any]:
+def timed_columns(measured: Measurement, batch: int) -> dict[str, Any]:
     """A row's columns of Timer's measurement of its steps: the median step and the noise around it."""
     step_ms = round(milliseconds(measured), 2)  # samples_per_s derives from the written figure so a row agrees with itself
     blocks = measured.times
