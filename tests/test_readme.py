@@ -178,8 +178,8 @@ RULES = [
             "16",
             "--dtypes",
             "float32",
-            "--repeats",
-            "1",
+            "--min-run-time",
+            "0.01",
             "--reference-max-length",
             "256",
             "--out",
@@ -189,7 +189,7 @@ RULES = [
     ),
     Rule(
         r"^python -m lra\.bench efficiency",
-        append=("--lengths", "64", "--attentions", "softmax", "yoso_32", "--repeats", "1", "--quiet", "--out", "bench"),
+        append=("--lengths", "64", "--attentions", "softmax", "yoso_32", "--min-run-time", "0.01", "--quiet", "--out", "bench"),
         why="two attentions at one small length",
     ),
     Rule(
@@ -199,8 +199,8 @@ RULES = [
     ),
     Rule(
         r"^python -m lra\.bench step",
-        append=("--tasks", "listops", "--attentions", "none", "yoso_32", "--seq-len", "64", "--batch", "2", "--steps", "1")
-        + ("--warmup", "0", "--quiet", "--out", "bench"),
+        append=("--tasks", "listops", "--attentions", "none", "yoso_32", "--seq-len", "64", "--batch", "2")
+        + ("--max-run-time", "0.2", "--warmup", "0", "--quiet", "--out", "bench"),
         why="two attentions on a small ListOps (the full grid takes an hour)",
     ),
     Rule(r"^python -m lra\.bench gpu", append=("--help",), why="needs a GPU: its help"),

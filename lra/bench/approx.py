@@ -67,12 +67,13 @@ from tqdm import tqdm
 
 import attention_zoo
 from attention_zoo.yoso import MAX_HASH_BITS, YosoAttention
-from lra.bench.output import RESULTS, write_csv
+from lra.bench.output import RESULTS
 from lra.data import cache
 from lra.data.tasks import TokenDataset, get_spec
 from lra.model import LRAEncoder
 from lra.module import LRAClassificationModule
 from lra.results import RESULTS_FILE, RunRecord, device_name
+from lra.rows import pyplot, save_figure, write_rows
 
 FIELDS = [
     "source",
@@ -347,11 +348,7 @@ def growth_summary(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = (
         ("mean_angle_rad", "mean angle to YOSO-E (radians), all rows"),
         ("colliding_angle_rad", "mean angle (radians), rows with a collision"),
@@ -368,8 +365,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axes[0].legend()
     figure.suptitle(textwrap.fill(title, width=150, replace_whitespace=False), fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     path = args.out / "approx_error.csv"
-    write_csv(rows, path, FIELDS)
+    write_rows(rows, path, FIELDS)
     if vectors.source == RANDOM_SOURCE:
         source_label = f"{RANDOM_SOURCE} (stand-ins, not a trained model's Q, K, V)"
     else:

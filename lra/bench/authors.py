@@ -29,12 +29,15 @@ in ``sys.modules`` at run time; their files are never edited.
 Batch: ``lra.bench step``'s random ListOps batch (:func:`~lra.bench.step.random_batch`: real lengths 501..1999 of
 2048, about 41% padding), the same tokens for both; theirs gets its float mask ``ids != 0`` as its dataset makes it.
 
-Time: per row, both models are built (seeded alike), each steps once untimed, then ``--rounds`` rounds each time one
-step of theirs then one of ours, the device synchronised after each. ``ratio`` is the median over rounds of theirs /
-ours (> 1: ours is faster); alternating keeps a load that comes and goes on a shared machine out of the ratio, which
-is why only ratios, never a single run's seconds, are to be compared across runs. Memory: as ``lra.bench step``,
+Time: per row, both models are built (seeded alike), then ``--rounds`` rounds each time their step, then ours, with
+``torch.utils.benchmark.Timer`` (:mod:`lra.bench.timing`: each step waited for): ``blocked_autorange`` times one block
+of a side's steps after the steps it sizes the block with (a step a block from about 10 ms a step, as on a CPU; more
+on a GPU, so that reading the clock costs nothing beside them), and the round's figure is its time per step.
+``ratio`` is the median over rounds of theirs / ours (> 1: ours is faster); alternating keeps a load that comes and
+goes on a shared machine out of the ratio, which is why only ratios, never a single run's seconds, are to be compared
+across runs. Memory: as ``lra.bench step``,
 each side's peak during one step (after one warm-up step) above what was in use before its model was built
-(weights, gradients, AdamW's state, activations; on a CPU the resident set, :class:`~lra.bench.measure.MemoryMeter`),
+(weights, gradients, AdamW's state, activations; on a CPU the resident set, :class:`~lra.bench.memory.MemoryMeter`),
 measured before the timed rounds.
 
 Rows go to ``<out>/authors_<device type>.csv`` (replaced per row, others kept) with the commits of their code (from
@@ -46,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import importlib
 import importlib.abc
@@ -55,7 +57,6 @@ import importlib.util
 import statistics
 import subprocess
 import sys
-import time
 import types
 import warnings
 from collections.abc import Callable, Iterator
@@ -66,10 +67,12 @@ import torch
 
 from lra.bench import authors_adapters as adapters
 from lra.bench.efficiency import entries
-from lra.bench.measure import STEADY_MMAP_THRESHOLD, MemoryMeter, _set_allocator, synchronize
-from lra.bench.output import RESULTS, write_csv
+from lra.bench.memory import MemoryMeter
+from lra.bench.output import RESULTS
 from lra.bench.step import TrainingStep, build_module, padding_share, random_batch, task_config
+from lra.bench.timing import synchronize, timer
 from lra.results import device_name
+from lra.rows import merge_rows, read_rows, write_rows
 
 TASK = "listops"
 #: Our row of conf/attention -> the authors' ``attn_type`` (a key of their ``extra_attn_config``, but ``none``).
@@ -266,15 +269,6 @@ def commit_of(folder: Path | None, given: str | None) -> str:
     return found.stdout.strip() if found.returncode == 0 else "unknown"
 
 
-def seconds_of_one_call(step: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call, the device synchronised before and after."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
 def memory_of(build: Callable[[], Callable[[], object]], device: torch.device) -> tuple[Callable[[], object], float]:
     """``(step, MB)``: the step ``build()`` makes, and its peak during one step after a warm-up step, above what was in
     use before the build (as ``lra.bench step``)."""
@@ -322,13 +316,11 @@ def compare_row(row: str, args, modules: dict[str, types.ModuleType], batch: dic
 
     theirs, their_memory = memory_of(build_theirs, device)
     ours, our_memory = memory_of(build_ours, device)
-    if device.type == "cpu":  # as time_calls: the allocator in a long run's state, not the meter's
-        _set_allocator(mmap_threshold=STEADY_MMAP_THRESHOLD, trim_threshold=2 * STEADY_MMAP_THRESHOLD)
-    theirs(), ours()
+    their_timer, our_timer = timer(theirs, device), timer(ours, device)
     their_times, our_times = [], []
     for _ in range(args.rounds):
-        their_times.append(seconds_of_one_call(theirs, device))
-        our_times.append(seconds_of_one_call(ours, device))
+        their_times.append(their_timer.blocked_autorange(min_run_time=0).median)
+        our_times.append(our_timer.blocked_autorange(min_run_time=0).median)
     ratios = [their / our for their, our in zip(their_times, our_times, strict=True)]
     return {
         "their_attention": attn_type,
@@ -431,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in random_batch(cfg, args.seq_len, args.batch, torch.Generator().manual_seed(cfg.seed)).items()
     }
     path = args.out / f"authors_{device.type}.csv"
-    rows = [row for row in read_rows_of(path) if row["row"] not in args.rows]
+    rows = read_rows(path)  # a row measured again is replaced, the others are kept
     with their_imports(args.authors_code, args.performer_pytorch, args.extra_path) as modules:
         for name in args.rows:
             row = {field: "" for field in FIELDS} | common | {"row": name, "padding": round(padding_share(batch), 3)}
@@ -440,20 +432,12 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(compare_row(name, args, modules, batch), status="ok")
             except Exception as error:  # a row whose code cannot run here (a missing package): recorded, the rest go on
                 row.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-            rows.append(row)
+            rows = merge_rows(rows, [row], ["row"])
             print(
                 f"{name:<20} theirs {row['their_s']!s:>7} s  ours {row['our_s']!s:>7} s  theirs/ours {row['ratio']!s:>6}  "
                 f"memory {row['their_memory_mb']!s:>7} / {row['our_memory_mb']!s:>7} MB  {row['status']} {row['error']}",
                 flush=True,
             )
-            write_csv(rows, path, FIELDS)
+            write_rows(rows, path, FIELDS)
     print(f"wrote {path}")
     return 0
-
-
-def read_rows_of(path: Path) -> list[dict[str, Any]]:
-    """The rows an earlier run wrote to ``path`` (kept where this run measures other rows)."""
-    if not path.is_file():
-        return []
-    with open(path, newline="") as file:
-        return [{field: row.get(field, "") for field in FIELDS} for row in csv.DictReader(file)]

@@ -6,23 +6,23 @@ a training step (forward, cross-entropy, backward; no optimiser step, as the ori
 random tokens without padding, for each sequence length and each attention::
 
     python -m lra.bench efficiency [--device cpu|cuda] [--lengths 512 1024 ...] [--attentions softmax yoso_32 ...]
-        [--precision 32|bf16-mixed] [--batch N] [--repeats R] [--out results]
+        [--precision 32|bf16-mixed] [--batch N] [--min-run-time S] [--out results]
 
 Attentions are the options of the ``attention`` config group, one per ``conf/attention/<row>.yaml``
 (the rows of Table 3 and any preset a user adds), composed through Hydra, plus every registered
 attention no option uses (with its defaults), so a new attention appears without code changes.
 YOSO's tau is log2 n, as in the paper's profile (its presets leave ``hash_bits`` unset).
 
-Batch: on a GPU, the largest power of two that fits (doubling from 1 until out of memory, capped
-at ``--max-batch-tokens`` tokens), as the original ``profile_seq_len_max_batch.py``; on a CPU, a
-fixed ``--batch``. Time is the median of ``--repeats`` steps after a warm-up step, divided by the
-batch (per instance). Memory is the peak of one further step (untimed: on a CPU the meter slows
-what it watches) above what was in use before the model was built (weights, gradients,
-activations, temporaries), divided by the batch: CUDA's
-``max_memory_allocated`` on a GPU, the process's peak resident set (``VmHWM``, reset before each
-cell) on a CPU. A CPU cell runs under an address-space limit (``--memory-limit-mb``, default 90% of
-the memory available at start), so running out of memory is an error recorded in the results, not
-the OS killing the benchmark.
+Batch: on a GPU, the largest power of two that fits (doubling from 1 until out of memory, capped at
+``--max-batch-tokens`` tokens), as the original ``profile_seq_len_max_batch.py``; on a CPU, a fixed ``--batch``. Time
+is ``torch.utils.benchmark.Timer``'s: its ``blocked_autorange`` times steps for at least ``--min-run-time`` seconds
+after a warm-up step (:mod:`lra.bench.timing`), and the median per step is divided by the batch (per instance;
+``repeats``: the steps timed, ``time_ms_std``: the standard deviation of Timer's blocks). Memory is the peak of one
+further step (untimed: on a CPU the meter slows what it watches) above what was in use before the model was built
+(weights, gradients, activations, temporaries), divided by the batch: CUDA's ``max_memory_allocated`` on a GPU, the
+process's peak resident set (``VmHWM``, reset before each cell) on a CPU. A CPU cell runs under an address-space limit
+(``--memory-limit-mb``, default 90% of the memory available at start), so running out of memory is an error recorded
+in the results, not the OS killing the benchmark.
 
 A cell that runs out of memory is recorded as ``out_of_memory`` and the attention's longer lengths
 are skipped (recorded the same way); a cell that fails otherwise is recorded as ``failed`` with its
@@ -48,11 +48,13 @@ from tqdm import tqdm
 
 import attention_zoo
 from lra import config
-from lra.bench.measure import MemoryMeter, proc_status_mb, proc_value_mb, synchronize, time_calls
-from lra.bench.output import RESULTS, write_csv
+from lra.bench.memory import MemoryMeter, proc_status_mb, proc_value_mb
+from lra.bench.output import RESULTS
+from lra.bench.timing import calls_timed, milliseconds, synchronize, timer
 from lra.data.tasks import TaskSpec
 from lra.model import AttentionConfig, LRAClassifier, ModelConfig, build_classifier
 from lra.results import device_name
+from lra.rows import pyplot, save_figure, write_rows
 
 # The original profile's random tokens: a 512-token vocabulary, 10 classes, one input, no data files.
 PROFILE = TaskSpec("efficiency_profile", vocab_size=512, num_classes=10)
@@ -188,15 +190,15 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: ModelConfig) ->
     training_step(model, batch, seq_len, device, args.precision)  # the memory's run: the CPU's meter slows it
     synchronize(device)
     memory = meter.peak_above_baseline() / batch
-    times = [
-        ms / batch
-        for ms in time_calls(lambda: training_step(model, batch, seq_len, device, args.precision), device, args.repeats)
-    ]
+    step = timer(lambda: training_step(model, batch, seq_len, device, args.precision), device)
+    measured = step.blocked_autorange(min_run_time=args.min_run_time)
+    blocks = measured.times
     return {
         "batch": batch,
-        "time_ms": round(statistics.median(times), 4),
-        "time_ms_std": round(statistics.stdev(times), 4) if len(times) > 1 else 0.0,
+        "time_ms": round(milliseconds(measured) / batch, 4),
+        "time_ms_std": round(statistics.stdev(blocks) * 1e3 / batch, 4) if len(blocks) > 1 else 0.0,
         "memory_mb": round(memory, 3),
+        "repeats": calls_timed(measured),
     }
 
 
@@ -215,7 +217,6 @@ def run_grid(args) -> list[dict[str, Any]]:
         "torch": torch.__version__,
         "dtype": "bfloat16 autocast (attention in float32)" if args.precision == "bf16-mixed" else "float32",
         "threads": torch.get_num_threads() if device.type == "cpu" else "",
-        "repeats": args.repeats,
     }
     path = args.out / f"efficiency_{device.type}.csv"
     rows: list[dict[str, Any]] = []
@@ -234,6 +235,7 @@ def run_grid(args) -> list[dict[str, Any]]:
             "memory_mb": math.nan,
             "status": "ok",
             "error": "",
+            "repeats": "",
             **common,
         }
         if entry.row in out_of_memory_at:
@@ -258,7 +260,7 @@ def run_grid(args) -> list[dict[str, Any]]:
                 f"{entry.row:<16} n={seq_len:<6} batch={row['batch']!s:<5} {row['time_ms']:10.3f} ms/inst "
                 f"{row['memory_mb']:10.2f} MB/inst {row['status']} {row['error']}"
             )
-        write_csv(rows, path, FIELDS)
+        write_rows(rows, path, FIELDS)
     plot(
         rows,
         path.with_suffix(".png"),
@@ -270,11 +272,7 @@ def run_grid(args) -> list[dict[str, Any]]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(13, 5))
     colors = plt.get_cmap("tab20").colors  # 20 distinct colours: the default cycle repeats after 10 lines
     for index, attention in enumerate(dict.fromkeys(row["attention"] for row in rows)):
@@ -297,8 +295,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     memory_axis.legend(fontsize=7, loc="upper left")
     figure.suptitle(f"Training step (forward + backward), 6 layers, width 256\n{title}", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def available_memory_mb() -> float:
@@ -322,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch", type=int, default=1, help="the batch on a CPU (a GPU uses the largest that fits)")
     parser.add_argument("--max-batch-tokens", type=int, default=2**20, help="GPU: cap on batch x sequence length")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell, after one warm-up step")
+    parser.add_argument(
+        "--min-run-time",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds of timed steps per cell, after one warm-up step (Timer.blocked_autorange; default: 1)",
+    )
     add_memory_limit_argument(parser)
     parser.add_argument(
         "--out",
@@ -339,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
-    if args.repeats < 1 or args.batch < 1:
-        parser.error("--repeats and --batch must be >= 1")
+    if args.min_run_time <= 0 or args.batch < 1:
+        parser.error(f"--min-run-time must be positive seconds and --batch >= 1, got {args.min_run_time:g} and {args.batch}")
     args.lengths = args.lengths or [2**p for p in range(9, 15 if device.type == "cuda" else 14)]
     if min(args.lengths) < 1:
         parser.error(f"--lengths must be positive, got {args.lengths}")

@@ -14,10 +14,11 @@
   32 hashes, the same tau, as their LRA model calls them (``lra/bench/official_yoso.py``), their commit in the
   ``official_commit`` column.
 
-Each is measured forward and forward+backward: warm-up, then the median of ``--repeats`` runs.
-``peak_memory_mb`` is the peak of a run after the warm-up above the memory in use before it (the inputs
+Each is measured forward and forward+backward, its time by ``torch.utils.benchmark.Timer``'s
+``blocked_autorange`` for at least ``--min-run-time`` seconds (:mod:`lra.bench.timing`: each call waited for): the
+median per call. ``peak_memory_mb`` is the peak of a run after the warm-up above the memory in use before it (the inputs
 excluded; untimed): CUDA's allocations on a GPU, the process's resident set on a CPU (``MemoryMeter`` of
-``lra/bench/measure.py``). Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len,
+``lra/bench/memory.py``). Rows go to ``results/kernels_<device>.csv`` (method, pass, seq_len,
 head_dim, dtype, time_ms, peak_memory_mb, device, torch version) and a log-log plot beside it. A configuration that fails
 (out of memory, a backend that refuses the inputs) is recorded with its error and the grid goes on. Rows of the
 same device for methods a run does not time (the official kernels, without ``--official-yoso``) stay in the file, so
@@ -27,10 +28,8 @@ a run of ours alone does not erase theirs.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import platform
-import statistics
 from pathlib import Path
 
 import torch
@@ -39,9 +38,11 @@ import torch.nn.functional as F
 import attention_zoo
 import yoso_cuda
 from lra.bench import official_yoso
-from lra.bench.measure import MemoryMeter, synchronize, time_calls
-from lra.bench.output import RESULTS, write_csv
+from lra.bench.memory import MemoryMeter
+from lra.bench.output import RESULTS
+from lra.bench.timing import milliseconds, synchronize, timer
 from lra.results import device_name
+from lra.rows import pyplot, read_rows, save_figure, write_rows
 
 FIELDS = [
     "method",
@@ -56,6 +57,7 @@ FIELDS = [
     "torch",
     "official_commit",  # the mlpen/YOSO commit of the yoso_32/official rows (empty in others)
 ]
+TYPES = {"seq_len": int, "head_dim": int, "time_ms": float, "peak_memory_mb": float}  # as a run's own rows hold them
 
 
 def sdpa_backends(device: torch.device) -> dict[str, object]:
@@ -71,9 +73,9 @@ def sdpa_backends(device: torch.device) -> dict[str, object]:
     }
 
 
-def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median milliseconds of ``run()`` (``time_calls``), and the peak memory (MB) of a run after a warm-up
-    above what was in use before it (a run of its own, untimed: the CPU's memory meter slows what it watches)."""
+def measure(run, device: torch.device, min_run_time: float) -> tuple[float, float]:
+    """Median milliseconds of ``run()`` (Timer's ``blocked_autorange``), and the peak memory (MB) of a run after a
+    warm-up above what was in use before it (a run of its own, untimed: the CPU's memory meter slows what it watches)."""
     run()
     synchronize(device)
     meter = MemoryMeter(device)
@@ -81,7 +83,7 @@ def measure(run, device: torch.device, repeats: int) -> tuple[float, float]:
     run()
     synchronize(device)
     peak = meter.peak_above_baseline()
-    return statistics.median(time_calls(run, device, repeats)), peak
+    return milliseconds(timer(run, device).blocked_autorange(min_run_time=min_run_time)), peak
 
 
 def attention_call(
@@ -125,7 +127,7 @@ def attention_call(
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lra.bench kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--device",
@@ -143,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float32", "float16", "bfloat16"],
         help="input dtypes (default: float32 bfloat16)",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up; the median is kept (default: 5)")
+    parser.add_argument(
+        "--min-run-time",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="seconds of timed calls per cell, after the warm-up (Timer.blocked_autorange; default: 0.2, its own); "
+        "the median per call is kept",
+    )
     parser.add_argument(
         "--reference-max-length",
         type=int,
@@ -175,21 +184,34 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(official_yoso.VERSIONS),
         help="their code paths to time: v2 (yoso_32/official, the default), v1 (yoso_32/official-v1)",
     )
+    return parser
+
+
+def official_kernels(args, device: torch.device) -> official_yoso.Official:
+    """mlpen/YOSO's kernels from ``--official-yoso``; an :class:`~lra.bench.official_yoso.OfficialYOSOError` says why
+    they cannot run here."""
+    if device.type not in official_yoso.DEVICES:
+        raise official_yoso.OfficialYOSOError(
+            f"mlpen/YOSO's kernels are CUDA-only, they cannot run on {device.type} (use --device cuda)"
+        )
+    official_yoso.check_checkout(args.official_yoso, args.official_yoso_version)
+    commit = official_yoso.checkout_commit(args.official_yoso, args.official_yoso_commit)
+    return official_yoso.Official(args.official_yoso, commit, args.official_yoso_version)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.min_run_time <= 0:
+        parser.error(f"--min-run-time must be a positive number of seconds, got {args.min_run_time:g}")
     device = torch.device(args.device)
     official = None
     if args.official_yoso is not None:
-        if device.type not in official_yoso.DEVICES:
-            print(f"--official-yoso: mlpen/YOSO's kernels are CUDA-only, they cannot run on {device.type} (use --device cuda)")
-            return 1
         try:
-            official_yoso.check_checkout(args.official_yoso, args.official_yoso_version)
-            commit = official_yoso.checkout_commit(args.official_yoso, args.official_yoso_commit)
+            official = official_kernels(args, device)
         except official_yoso.OfficialYOSOError as error:
             print(f"--official-yoso: {error}")
             return 1
-        official = official_yoso.Official(args.official_yoso, commit, args.official_yoso_version)
-    lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
     kernels = yoso_cuda.kernels()
     library = kernels.cuda if device.type == "cuda" else kernels.cpu
     if not yoso_cuda.has_kernel(device):
@@ -199,15 +221,24 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     print(f"torch {torch.__version__} on {device_name(device)}; YOSO's {library.describe()}")
-    methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
-    methods += list(official.methods) if official else []
     if official:
         print(f"mlpen/YOSO {', '.join(official.versions)} at {official.commit} from {args.official_yoso}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    methods = [f"softmax/{name}" for name in sdpa_backends(device)] + ["yoso_32", "yoso_32/reference"]
+    methods += list(official.methods) if official else []
     path = args.out / f"kernels_{device.type}.csv"
+    rows = run_grid(args, device, methods, official) + untimed_rows(path, device_name(device), methods)
+    write_rows(rows, path, FIELDS)
+    figure = args.out / f"kernels_{device.type}.png"
+    plot(rows, figure, f"{device_name(device)}, torch {torch.__version__}")
+    print(f"wrote {path} and {figure} ({platform.node()})")
+    return 0
+
+
+def run_grid(args, device: torch.device, methods: list[str], official: official_yoso.Official | None) -> list[dict]:
+    """A row per dtype, head dim, length, method and pass, each measured or with its error."""
+    lengths = args.lengths or [2**p for p in range(10, 17 if device.type == "cuda" else 16)]
     rows = []
     for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
         for head_dim in args.head_dims:
             for length in lengths:
                 for method in methods:
@@ -226,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         row["pass"] = "forward+backward" if backward else "forward"
                         try:
-                            run = attention_call(method, length, head_dim, dtype, device, backward, official)
-                            row["time_ms"], row["peak_memory_mb"] = measure(run, device, args.repeats)
+                            run = attention_call(method, length, head_dim, getattr(torch, dtype_name), device, backward, official)
+                            row["time_ms"], row["peak_memory_mb"] = measure(run, device, args.min_run_time)
                         except (RuntimeError, torch.OutOfMemoryError) as error:
                             row["time_ms"] = row["peak_memory_mb"] = math.nan
                             row["error"] = str(error).splitlines()[0][:200]
@@ -239,32 +270,16 @@ def main(argv: list[str] | None = None) -> int:
                             f"{row['time_ms']:10.2f} ms {row['peak_memory_mb']:9.1f} MB {row['error']}",
                             flush=True,
                         )
-    rows += untimed_rows(path, device_name(device), methods)
-    write_csv(rows, path, FIELDS)
-    figure = args.out / f"kernels_{device.type}.png"
-    plot(rows, figure, f"{device_name(device)}, torch {torch.__version__}")
-    print(f"wrote {path} and {figure} ({platform.node()})")
-    return 0
+    return rows
 
 
 def untimed_rows(path: Path, device: str, methods: list[str]) -> list[dict]:
     """The rows of ``path`` measured on ``device`` for methods other than ``methods``, typed as a run's rows."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as handle:
-        rows = [row for row in csv.DictReader(handle) if row["device"] == device and row["method"] not in methods]
-    for row in rows:
-        row.update(seq_len=int(row["seq_len"]), head_dim=int(row["head_dim"]))
-        row.update(time_ms=float(row["time_ms"]), peak_memory_mb=float(row["peak_memory_mb"]))
-    return rows
+    return [row for row in read_rows(path, TYPES) if row["device"] == device and row["method"] not in methods]
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     combos = sorted({(r["dtype"], r["head_dim"]) for r in rows})
     figure, axes = plt.subplots(2, len(combos), figsize=(5 * len(combos), 8), squeeze=False)
     for column, (dtype, head_dim) in enumerate(combos):
@@ -293,4 +308,4 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
             axis.legend(fontsize=7)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path)

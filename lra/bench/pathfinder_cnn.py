@@ -41,7 +41,8 @@ import torch
 from torch import nn
 
 from ..data import pathfinder, pathfinder_generator
-from .output import RESULTS, write_csv
+from ..rows import pyplot, save_figure, write_rows
+from .output import RESULTS
 
 FIELDS = [
     "contour_length",
@@ -184,11 +185,7 @@ def train_one(args: argparse.Namespace, contour_length: int) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for length in sorted({r["contour_length"] for r in rows}):
         curve = [r for r in rows if r["contour_length"] == length and r["split"] == "val"]
@@ -207,8 +204,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for length in args.contour_lengths:
         rows += train_one(args, length)
-        write_csv(rows, args.out / "pathfinder_cnn.csv", FIELDS)  # after each length: a partial run keeps its curves
+        write_rows(rows, args.out / "pathfinder_cnn.csv", FIELDS)  # after each length: a partial run keeps its curves
         plot(rows, args.out / "pathfinder_cnn.png")
     return 0

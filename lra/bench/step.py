@@ -7,8 +7,9 @@ of 4000 bytes, each through the shared encoder), Image 1024, Pathfinder 1024, ea
 rate and schedule), or at the lengths ``--seq-len`` gives::
 
     python -m lra.bench step [--tasks listops text ...] [--attentions none,softmax,yoso_32 ... | table3]
-        [--seq-len paper 8192 ...] [--steps 3] [--warmup 1] [--precision 32|bf16-mixed]
-        [--compile [--compile-mode reduce-overhead]] [--profile] [--batch N] [--device cpu|cuda] [--out results]
+        [--seq-len paper 8192 ...] [--max-run-time 10] [--warmup 1] [--precision 32|bf16-mixed]
+        [--compile [--compile-mode reduce-overhead] [--eager-too]] [--profile] [--batch N] [--device cpu|cuda]
+        [--out results]
 
 ``--attentions table3`` names the twelve rows of the YOSO paper's Table 3 at once (``lra_table1``: the eleven of the
 LRA paper's Table 1; :data:`lra.paper.TABLES`), beside or instead of single rows.
@@ -23,7 +24,9 @@ it. ``eval_ms`` is an evaluation batch's time, as validation takes it (``evaluat
 loss and the accuracy's update). ``--compile`` compiles the module's training and evaluation steps whole first
 with :func:`lra.module.compile_model`, as ``trainer.compile=true`` does, in Inductor's ``--compile-mode`` as
 ``trainer.compile_mode`` (``reduce-overhead``: CUDA graphs); the compilation (the call and the first step, where
-``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step.
+``torch.compile`` compiles) is timed on its own (``compile_s``), never in the step. ``--eager-too`` then measures
+the same grid eagerly into the same file: compiled first, so a time limit that stops the command cuts the eager
+grid.
 
 ``--profile``: after a cell's timing, :data:`PROFILED_STEPS` more steps under ``torch.profiler``, written to
 ``<out>/step_<device type>_profile/<task>_n<n>_<attention>[_data_loading]_<variant>.txt``: per phase of the step
@@ -40,25 +43,29 @@ loading weighs most; the first selected attention when ``none`` is not), whose e
 of the task's real :class:`~lra.datamodule.LRADataModule` (``num_workers`` of ``conf/trainer``) and moves it to the
 device (``non_blocking``, from page-locked memory on a GPU), as the Trainer does. It reads the task's data where it
 is present (official files, or a cache prepared or generated before) at the task's own length; otherwise ListOps is
-generated, small (the steps' batches), in a temporary folder, with the generator's lengths scaled to n; any other
-task's line is recorded as ``skipped``, with the reason. Nothing is downloaded.
+generated, small (:data:`GENERATED_BATCHES` batches, read pass after pass), in a temporary folder, with the
+generator's lengths scaled to n; any other task's line is recorded as ``skipped``, with the reason. Nothing is
+downloaded.
 
-Time: the median (and standard deviation) of ``--steps`` timed steps, after ``--warmup`` warm-up steps, one untimed
-step for memory and :func:`~lra.bench.measure.time_calls`' own warm-up step, the device synchronised after each;
-samples per second = batch / step time. ``loop_ms`` and ``eval_loop_ms``: the same steps and evaluation batches,
-``--steps`` of each run back to back with the device synchronised once after them, per step, as ``lra.train``'s loop
-runs them (it waits for the device only where it writes a metrics row): the host's work on one step overlaps the
-device's on the step before, so where ``step_ms`` is the host's and the device's time in sequence, ``loop_ms`` is
-nearer the larger of the two, and a run's length is its steps times ``loop_ms`` (one measurement each, after the
-timed steps). Noise, honestly reported: a cell whose timed steps spread more than
-:data:`SPREAD_BOUND` of their median, (max - min) / median, is measured again (module built afresh), up to
-:data:`MAX_ATTEMPTS` times in all (both in ``--help``); the steadiest attempt is kept (``spread``, ``attempts``),
-and ``noisy`` is True when it still spreads more, which the printed line and the figure show too. A load that slows
-every step of a cell alike does not spread them, so it is not caught: compare reruns for that.
+Time: ``torch.utils.benchmark.Timer`` (:mod:`lra.bench.timing`), after ``--warmup`` warm-up steps and one untimed
+step for memory. ``step_ms`` is the median time of a step waited for (the device synchronised after each), from
+Timer's ``adaptive_autorange``: blocks of steps (a step a block from about 10 ms a step) are timed until their
+interquartile range is under :data:`SPREAD_BOUND` of their median (at least four blocks) or ``--max-run-time`` seconds
+are spent; ``step_ms_std`` is the blocks' standard deviation, ``steps`` the steps they hold and ``attempts`` the blocks.
+Samples per second = batch / step time; ``eval_ms``, an evaluation batch, is timed the same way. ``loop_ms`` and
+``eval_loop_ms``: as many steps and evaluation batches again, run back to back with the device synchronised once after
+them (``Timer.timeit``), per step, as ``lra.train``'s loop runs them (it waits for the device only where it writes a
+metrics row): the host's work on one step overlaps the device's on the step before, so where ``step_ms`` is the host's
+and the device's time in sequence, ``loop_ms`` is nearer the larger of the two, and a run's length is its steps times
+``loop_ms``. Noise, honestly reported: ``spread`` is the blocks' IQR / median when Timer stopped, and ``noisy`` is True
+when it is still over the bound (the time ran out first), which the printed line and the figure show too. A load that
+slows every step of a cell alike does not spread them, so it is not caught: compare reruns for that. (Rows measured
+before the Timer, up to 2026-12-05, timed ``--steps`` steps one by one, measured a cell up to three times while the
+steps spread over 10% in (max - min) / median, and kept the steadiest attempt: ``attempts`` counted those.)
 
 Memory: the peak of the untimed step above what was in use before the module
 was built (weights, gradients, AdamW's state, activations, temporaries; on a CPU the process's resident set, measured
-apart from the timed steps because the meter slows them, :class:`~lra.bench.measure.MemoryMeter`), under an
+apart from the timed steps because the meter slows them, :class:`~lra.bench.memory.MemoryMeter`), under an
 address-space limit on a CPU as ``lra.bench efficiency``. ``ratio_to_none``: a row's step time over the ``none`` row's
 (no token mixing: the step's floor) of the same task and length without data loading.
 
@@ -72,7 +79,6 @@ another precision or ``--compile``, is measured into the same file; ratios are t
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import statistics
 import sys
@@ -87,6 +93,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.benchmark import Measurement
 from tqdm import tqdm
 
 from lra import config
@@ -98,14 +105,16 @@ from lra.bench.efficiency import (
     entries,
     is_out_of_memory,
 )
-from lra.bench.measure import MemoryMeter, back_to_back, synchronize, time_calls
-from lra.bench.output import RESULTS, write_csv
+from lra.bench.memory import MemoryMeter
+from lra.bench.output import RESULTS
+from lra.bench.timing import back_to_back, calls_timed, milliseconds, relative_spread, synchronize, timer
 from lra.data import cache
 from lra.data.tasks import get_spec, resolve
 from lra.datamodule import LRADataModule
 from lra.module import COMPILE_MODES, LRAClassificationModule
 from lra.paper import TABLES
 from lra.results import device_name
+from lra.rows import merge_rows, pyplot, read_rows, save_figure, write_rows
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 PAPER = "paper"  # --seq-len's word for a task's own length
@@ -176,69 +185,32 @@ NUMBERS = (
     "compile_s",
 )
 FLAGS = ("data_loading", "compiled", "noisy")
-#: A cell is steady when its timed steps' relative spread, (max - min) / median, is at most this; otherwise it is
-#: measured again, up to MAX_ATTEMPTS times in all, and marked noisy if no attempt is steady (see steadiest()).
+# How the file's text reads back: numbers and flags typed as a run's rows hold them, every other column as text (a
+# column an older file lacks reads as "", not measured; compile_mode "": the default).
+TYPES = {
+    **dict.fromkeys(FIELDS, str),
+    **dict.fromkeys(NUMBERS, lambda text: int(text) if text.lstrip("-").isdigit() else float(text)),
+    **dict.fromkeys(FLAGS, lambda text: text == "True"),
+}
+#: Timer's adaptive_autorange times a cell's steps until their blocks' IQR / median is under this bound (or
+#: --max-run-time runs out: the row is then marked noisy).
 SPREAD_BOUND = 0.10
-MAX_ATTEMPTS = 3
+GENERATED_BATCHES = 64  # a data-loading line's generated ListOps, read pass after pass as the Trainer reads epochs
 
 
-def cell_key(row: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(str(row[field]) for field in CELL)
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows an earlier run wrote to ``path`` (none if it does not exist), with their numbers and flags typed."""
-    if not path.is_file():
-        return []
-    with open(path, newline="") as file:
-        rows = list(csv.DictReader(file))
-    for row in rows:
-        for field in FIELDS:
-            row[field] = row.get(field) or ""  # a column an older file lacks: not measured (compile_mode: the default)
-        for field in NUMBERS:
-            value = row.get(field, "")
-            if value != "":
-                row[field] = int(value) if value.lstrip("-").isdigit() else float(value)
-        for field in FLAGS:
-            row[field] = {"True": True, "False": False}.get(row.get(field) or "", "")  # "": not measured, or an older file
-    return rows
-
-
-def merge(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
-    """Put ``row`` in place of the earlier measurement of its cell, or after the others."""
-    for index, earlier in enumerate(rows):
-        if cell_key(earlier) == cell_key(row):
-            rows[index] = row
-            return
-    rows.append(row)
-
-
-def relative_spread(times: list[float]) -> float:
-    """(max - min) / median of a cell's timed steps: 0 for a single step, which cannot show its spread."""
-    return (max(times) - min(times)) / statistics.median(times)
-
-
-def steadiest(attempts: list[list[float]]) -> tuple[int, bool]:
-    """``(index, noisy)``: which attempt's step times a cell keeps, and whether it is noisy.
-
-    The attempt with the smallest relative spread (ties: the faster median) is kept; the cell is noisy when even that
-    one spreads more than :data:`SPREAD_BOUND`.
-    """
-    index = min(range(len(attempts)), key=lambda i: (relative_spread(attempts[i]), statistics.median(attempts[i])))
-    return index, relative_spread(attempts[index]) > SPREAD_BOUND
-
-
-def measure_until_steady(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Call ``measure()`` (a cell's measurement, its step times under ``"times"``) until its steps are steady, at most
-    :data:`MAX_ATTEMPTS` times; the steadiest attempt's result, with ``spread``, ``attempts`` and ``noisy``."""
-    results = []
-    while len(results) < MAX_ATTEMPTS:
-        results.append(measure())
-        if relative_spread(results[-1]["times"]) <= SPREAD_BOUND:
-            break
-    index, noisy = steadiest([result["times"] for result in results])
-    kept = results[index]
-    return {**kept, "spread": round(relative_spread(kept["times"]), 3), "attempts": len(results), "noisy": noisy}
+def timed_columns(measured: Measurement, batch: int) -> dict[str, Any]:
+    """A row's columns of Timer's measurement of its steps: the median step and the noise around it."""
+    step_ms = round(milliseconds(measured), 2)  # samples_per_s derives from the written figure so a row agrees with itself
+    blocks = measured.times
+    return {
+        "step_ms": step_ms,
+        "step_ms_std": round(statistics.stdev(blocks) * 1e3, 2) if len(blocks) > 1 else 0.0,
+        "samples_per_s": round(batch / step_ms * 1e3, 3),
+        "spread": round(relative_spread(measured), 3),
+        "attempts": len(blocks),
+        "steps": calls_timed(measured),
+        "noisy": not measured.meets_confidence(SPREAD_BOUND),
+    }
 
 
 class Unavailable(Exception):
@@ -457,18 +429,7 @@ def measure_cell(
     torch.manual_seed(cfg.seed)
     module = build_module(cfg, entry, seq_len).to(device).train()
     step = TrainingStep(module, args.precision)
-    compile_s = ""
-    if args.compile:
-        from lra.module import compile_model  # torch.compile support: only where it is asked for
-
-        # Dynamo keeps the earlier cells' graphs of the same functions, and past its limit of compilations per function
-        # (torch._dynamo.config.recompile_limit, 8) would run this cell eagerly: each cell compiles afresh.
-        torch.compiler.reset()
-        start = time.perf_counter()
-        compile_model(module, mode=args.compile_mode)
-        step(next_batch())  # torch.compile compiles on the first call
-        synchronize(device)
-        compile_s = round(time.perf_counter() - start, 2)
+    compile_s = compile_step(step, next_batch, args.compile_mode) if args.compile else ""
     for _ in range(args.warmup):
         step(next_batch())
     synchronize(device)
@@ -476,12 +437,15 @@ def measure_cell(
     step(next_batch())  # the memory's run: the CPU's meter slows it
     synchronize(device)
     memory = meter.peak_above_baseline()
-    times = time_calls(lambda: step(next_batch()), device, args.steps)
-    step_ms = round(statistics.median(times), 2)  # samples_per_s derives from the written figure so a row agrees with itself
-    loop_ms = back_to_back(lambda: step(next_batch()), device, args.steps)
+
+    def until_steady(run: Callable[[], object]):
+        return timer(run, device).adaptive_autorange(threshold=SPREAD_BOUND, max_run_time=args.max_run_time)
+
+    measured = until_steady(lambda: step(next_batch()))
+    loop = back_to_back(lambda: step(next_batch()), device, calls_timed(measured))
     module.eval()
-    eval_times = time_calls(lambda: step.evaluate(next_batch()), device, args.steps)
-    eval_loop_ms = back_to_back(lambda: step.evaluate(next_batch()), device, args.steps)
+    evaluation = until_steady(lambda: step.evaluate(next_batch()))
+    eval_loop = back_to_back(lambda: step.evaluate(next_batch()), device, calls_timed(evaluation))
     module.train()
     device_ms, kernels = "", ""
     if args.profile:
@@ -493,18 +457,30 @@ def measure_cell(
         path = args.out / f"step_{device.type}_profile" / f"{name}.txt"
         device_ms, kernels = profile_steps(step, next_batch, device, path, title)
     return {
-        "times": times,
-        "step_ms": step_ms,
-        "step_ms_std": round(statistics.stdev(times), 2) if len(times) > 1 else 0.0,
-        "samples_per_s": round(batch / step_ms * 1e3, 3),
-        "eval_ms": round(statistics.median(eval_times), 2),
-        "loop_ms": round(loop_ms, 2),
-        "eval_loop_ms": round(eval_loop_ms, 2),
+        **timed_columns(measured, batch),
+        "eval_ms": round(milliseconds(evaluation), 2),
+        "loop_ms": round(milliseconds(loop), 2),
+        "eval_loop_ms": round(milliseconds(eval_loop), 2),
         "device_ms": device_ms,
         "kernels": kernels,
         "memory_mb": round(memory, 1),
         "compile_s": compile_s,
     }
+
+
+def compile_step(step: TrainingStep, next_batch: Callable[[], dict[str, torch.Tensor]], mode: str | None) -> float:
+    """Compile ``step``'s module as ``trainer.compile=true`` does and take its first step (where ``torch.compile``
+    compiles); the seconds both took."""
+    from lra.module import compile_model  # torch.compile support: only where it is asked for
+
+    # Dynamo keeps the earlier cells' graphs of the same functions, and past its limit of compilations per function
+    # (torch._dynamo.config.recompile_limit, 8) would run this cell eagerly: each cell compiles afresh.
+    torch.compiler.reset()
+    start = time.perf_counter()
+    compile_model(step.module, mode=mode)
+    step(next_batch())
+    synchronize(step.module.device)
+    return round(time.perf_counter() - start, 2)
 
 
 def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
@@ -515,9 +491,9 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
         with ExitStack() as stack:
             stack.enter_context(address_space_limit(args.memory_limit_mb if device.type == "cpu" else None))
             if row["data_loading"]:
-                # every step of the cell's attempts, and padding_share's
-                batches = MAX_ATTEMPTS * (args.warmup + 4 * args.steps + 4 + args.compile + PROFILED_STEPS * args.profile) + 1
-                next_batch, row["data_source"] = stack.enter_context(loaded_batches(cfg, seq_len, batch, batches, device))
+                next_batch, row["data_source"] = stack.enter_context(
+                    loaded_batches(cfg, seq_len, batch, GENERATED_BATCHES, device)
+                )
             else:
                 tensors = {
                     name: value.to(device)
@@ -526,10 +502,7 @@ def run_cell(row: dict[str, Any], cfg: DictConfig, entry: Entry, args) -> None:
                 row["data_source"] = "random"
                 next_batch = itertools.repeat(tensors).__next__  # the same batch every step
             row["padding"] = round(padding_share(next_batch()), 3)
-            loading = row["data_loading"]
-            measured = measure_until_steady(lambda: measure_cell(cfg, entry, seq_len, batch, next_batch, loading, args))
-            del measured["times"]
-            row.update(measured)
+            row.update(measure_cell(cfg, entry, seq_len, batch, next_batch, row["data_loading"], args))
     except Unavailable as reason:
         row.update(status="skipped", error=str(reason))
     except Exception as error:
@@ -590,11 +563,10 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
         "torch": torch.__version__,
         "compiled": args.compile,
         "compile_mode": args.compile_mode or "",
-        "steps": args.steps,
         "warmup": args.warmup,
     }
     path = args.out / f"step_{device.type}.csv"
-    rows = read_rows(path)  # earlier runs' cells stay, those measured again are replaced
+    rows = read_rows(path, TYPES)  # earlier runs' cells stay, those measured again are replaced
     cells = list(grid(args, selected))
     progress = tqdm(cells, desc="train", unit="cell", disable=args.quiet)
     for cfg, entry, seq_len, data_loading in progress:
@@ -615,6 +587,7 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             "step_ms_std": "",
             "spread": "",
             "attempts": "",
+            "steps": "",
             "noisy": "",
             "samples_per_s": "",
             "eval_ms": "",
@@ -631,14 +604,14 @@ def run_grid(args, selected: list[Entry]) -> list[dict[str, Any]]:
             **common,
         }
         run_cell(row, cfg, entry, args)
-        merge(rows, row)
+        rows = merge_rows(rows, [row], CELL)
         add_ratios(rows)
         if not args.quiet:
             progress.write(
                 f"{label:<44} batch={row['batch']:<4} {row['step_ms']!s:>10} ms/step {row['samples_per_s']!s:>9} samples/s "
                 f"x{row['ratio_to_none']!s:<6} {row['memory_mb']!s:>8} MB {row['status']}{noise_note(row)} {row['error']}"
             )
-        write_csv(rows, path, FIELDS)
+        write_rows(rows, path, FIELDS)
     threads = f", {common['threads']} threads" if common["threads"] else ""
     devices = " and ".join(dict.fromkeys(str(row["device"]) for row in rows))  # earlier rows may be another GPU's
     versions = " and ".join(dict.fromkeys(str(row["torch"]) for row in rows))
@@ -652,7 +625,7 @@ def noise_note(row: dict[str, Any]) -> str:
     """What the printed line and the figure say of a row whose steps stayed noisy (empty otherwise)."""
     if row.get("noisy") is not True:
         return ""
-    return f" NOISY (steps spread {row['spread']:.0%} > {SPREAD_BOUND:.0%} in all {row['attempts']} attempts)"
+    return f" NOISY (steps spread {row['spread']:.0%} > {SPREAD_BOUND:.0%} of their median after {row['steps']} steps)"
 
 
 def label(row: dict[str, Any], with_device: bool = False) -> str:
@@ -670,11 +643,7 @@ def label(row: dict[str, Any], with_device: bool = False) -> str:
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """One pair of panels per task and length: step time (with the ratio to ``none``) and peak memory per line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups = list(dict.fromkeys((row["task"], row["seq_len"]) for row in rows))
     heights = [sum(1 for row in rows if (row["task"], row["seq_len"]) == group) for group in groups]
     figure, axes = plt.subplots(
@@ -702,8 +671,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             axis.grid(True, axis="x", alpha=0.3)
     figure.suptitle(f"Full training step (forward, backward, AdamW, schedule), the LRA model\n{title}", fontsize=9)
     figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))  # half an inch above the panels for the title
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, dpi=110)
 
 
 def sequence_length(value: str) -> str:
@@ -729,9 +697,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m lra.bench step",
         description=__doc__.split("\n\n")[0],
         epilog=(
-            f"Noise: a cell whose timed steps spread more than {SPREAD_BOUND:.0%} of their median ((max - min) / median) "
-            f"is measured again, up to {MAX_ATTEMPTS} times in all; the steadiest attempt is kept, and marked noisy "
-            "(the CSV's noisy column, the printed line, the figure) if it still spreads more. Lists take spaces or commas."
+            f"Noise: a cell's steps are timed (torch.utils.benchmark.Timer.adaptive_autorange) until their blocks "
+            f"spread less than {SPREAD_BOUND:.0%} of their median (interquartile range / median) or --max-run-time runs "
+            "out; a cell still spread more is marked noisy (the CSV's noisy column, the printed line, the figure). "
+            "Lists take spaces or commas."
         ),
     )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), help=f"tasks to run: {', '.join(TASKS)} (default: all)")
@@ -748,10 +717,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"lengths per task: '{PAPER}' (the task's own, the default) and/or any n, e.g. --seq-len {PAPER} 8192",
     )
     parser.add_argument(
-        "--steps",
-        type=int,
-        default=3,
-        help=f"timed steps per cell (default 3); their spread decides a repeat (bound {SPREAD_BOUND:.0%}%, see below)",
+        "--max-run-time",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help=f"seconds at most of timed steps per cell, and of evaluation batches (default 10): Timer stops sooner once "
+        f"they spread under {SPREAD_BOUND:.0%}% (see below)",
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps before them (default 1)")
     parser.add_argument("--batch", type=int, default=None, help="the batch of every task (default: each task's protocol)")
@@ -769,6 +740,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=COMPILE_MODES,
         default=None,
         help="with --compile: Inductor's mode, as trainer.compile_mode (reduce-overhead: CUDA graphs on a GPU)",
+    )
+    parser.add_argument(
+        "--eager-too",
+        action="store_true",
+        help="with --compile: then the same grid eagerly, into the same file (its own rows)",
     )
     parser.add_argument(
         "--profile",
@@ -816,13 +792,15 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA device")
-    if args.compile_mode and not args.compile:
-        parser.error("--compile-mode is a mode of --compile: give both")
-    if args.steps < 1 or args.warmup < 0 or (args.batch is not None and args.batch < 1):
-        parser.error("--steps and --batch must be >= 1, --warmup >= 0")
+    if (args.compile_mode or args.eager_too) and not args.compile:
+        parser.error("--compile-mode and --eager-too go with --compile: give it too")
+    if args.max_run_time <= 0 or args.warmup < 0 or (args.batch is not None and args.batch < 1):
+        parser.error("--max-run-time must be a positive number of seconds, --batch >= 1 and --warmup >= 0")
     args.precision = args.precision or ("bf16-mixed" if device.type == "cuda" else "32")
     if device.type == "cpu" and args.memory_limit_mb is None:
         args.memory_limit_mb = 0.9 * available_memory_mb()
     print(f"torch {torch.__version__} on {device_name(device)}, precision {args.precision}, tasks {', '.join(args.tasks)}")
     run_grid(args, selected)
+    if args.eager_too:  # after the compiled grid: a time limit that stops the command cuts the eager one
+        run_grid(argparse.Namespace(**{**vars(args), "compile": False, "compile_mode": None}), selected)
     return 0

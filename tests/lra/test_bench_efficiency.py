@@ -8,7 +8,7 @@ import torch
 import attention_zoo
 from attention_zoo import Attention, register
 from lra import config
-from lra.bench import efficiency, measure
+from lra.bench import efficiency, memory
 
 
 class PassThrough(Attention):
@@ -66,8 +66,8 @@ def test_writes_per_instance_rows_and_records_failures_and_out_of_memory(tmp_pat
         "128",
         "--batch",
         "2",
-        "--repeats",
-        "2",
+        "--min-run-time",
+        "0.05",
         "--quiet",
         "--out",
         str(out),
@@ -88,8 +88,9 @@ def test_writes_per_instance_rows_and_records_failures_and_out_of_memory(tmp_pat
             row = cells[(name, n)]
             assert row["status"] == "ok" and row["batch"] == "2" and row["dtype"] == "float32"
             assert float(row["time_ms"]) > 0 and float(row["memory_mb"]) >= 0
+            assert int(row["repeats"]) >= 1, "the steps Timer timed"
         broken = cells[("test_broken", n)]
-        assert broken["status"] == "failed" and "broken on purpose" in broken["error"]
+        assert broken["status"] == "failed" and "broken on purpose" in broken["error"] and broken["repeats"] == ""
     assert cells[("test_oom_from_64", 32)]["status"] == "ok"
     oom = cells[("test_oom_from_64", 64)]
     assert oom["status"] == "out_of_memory" and "allocate" in oom["error"]
@@ -103,11 +104,11 @@ def test_unknown_attention_is_named(tmp_path):
 
 
 def test_cpu_memory_meter_sees_an_allocation_of_known_size():
-    meter = measure.MemoryMeter(torch.device("cpu"))
+    meter = memory.MemoryMeter(torch.device("cpu"))
     meter.reset_peak()
     block = torch.ones(200 * 2**20, dtype=torch.uint8)  # 200 MiB, touched
     del block
-    assert measure.MemoryMeter(torch.device("cpu")).baseline < meter.baseline + 50  # given back on free
+    assert memory.MemoryMeter(torch.device("cpu")).baseline < meter.baseline + 50  # given back on free
     assert meter.peak_above_baseline() == pytest.approx(200, abs=30)
 
 

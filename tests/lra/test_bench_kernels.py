@@ -54,8 +54,8 @@ def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path, capsys):
         "16",
         "--dtypes",
         "float32",
-        "--repeats",
-        "1",
+        "--min-run-time",
+        "0.01",
         "--reference-max-length",
         "512",
         "--out",
@@ -72,7 +72,7 @@ def test_kernels_records_time_and_peak_memory_on_the_cpu(tmp_path, capsys):
 
 def test_a_run_keeps_the_rows_of_methods_it_does_not_time_on_its_device(tmp_path):
     argv = ["kernels", "--device", "cpu", "--lengths", "256", "--head-dims", "16", "--dtypes", "float32"]
-    argv += ["--repeats", "1", "--reference-max-length", "256", "--out", str(tmp_path)]
+    argv += ["--min-run-time", "0.01", "--reference-max-length", "256", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
     path = tmp_path / "kernels_cpu.csv"
     ours = pd.read_csv(path)

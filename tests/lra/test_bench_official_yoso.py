@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from lra.bench import gpu, kernels, official_yoso
+from lra.bench import gpu, gpu_figures, kernels, official_yoso
 
 YOSO_PY = '''
 import torch
@@ -110,7 +110,7 @@ def stand_in(tmp_path, monkeypatch):
 
 def run_kernels(checkout, out, *extra):
     argv = ["--device", "cpu", "--lengths", "64", "128", "--head-dims", "16", "--dtypes", "float32", "bfloat16"]
-    argv += ["--repeats", "1", "--reference-max-length", "0", "--official-yoso", str(checkout), "--out", str(out), *extra]
+    argv += ["--min-run-time", "0.01", "--reference-max-length", "0", "--official-yoso", str(checkout), "--out", str(out), *extra]
     return kernels.main(argv)
 
 
@@ -138,7 +138,7 @@ def test_official_rows_are_timed_beside_ours_and_refusals_recorded(stand_in, tmp
     assert torch.utils.cpp_extension.load is official_yoso.REAL_LOAD
     assert "mlpen/YOSO v2 at abc123" in capsys.readouterr().out
 
-    figures = gpu.official_figures(rows)
+    figures = gpu_figures.official_figures(rows)
     ours = {
         (r["dtype"], r["seq_len"]): float(r["time_ms"])
         for r in rows

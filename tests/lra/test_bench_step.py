@@ -2,13 +2,14 @@
 
 import csv
 import functools
-import itertools
-import time
 
 import pytest
 import torch
+from torch.utils.benchmark import Measurement
+from torch.utils.benchmark.utils.common import TaskSpec
 
 from lra import config
+from lra import rows as store
 from lra.bench import step as bench
 from lra.bench.efficiency import entries
 from lra.data.tasks import get_spec
@@ -26,11 +27,14 @@ def entry(row):
     return next(e for e in entries() if e.row == row)
 
 
+QUICK = ["--max-run-time", "0.2", "--warmup", "0"]  # Timer stops a cell's steps after 0.2 s (at least one step)
+
+
 def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line(tmp_path, monkeypatch):
     monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))  # no data here: ListOps is generated, Retrieval skipped
     out = tmp_path / "results"
     argv = ["--tasks", "listops", "retrieval", "--attentions", "yoso_32", "none", "--seq-len", "64", "--batch", "2"]
-    assert bench.main([*argv, "--steps", "1", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    assert bench.main([*argv, *QUICK, "--quiet", "--out", str(out)]) == 0
 
     with open(out / "step_cpu.csv", newline="") as f:
         assert next(csv.reader(f)) == bench.FIELDS
@@ -46,9 +50,7 @@ def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line
     assert (out / "step_cpu.png").stat().st_size > 0
     assert {r["seq_len"] for r in rows} == {"64"} and {r["batch"] for r in rows} == {"2"}
     assert [r["inputs"] for r in rows] == ["1"] * 3 + ["2"] * 3  # Retrieval's dual encoder: two documents per sample
-    assert {(r["compiled"], r["precision"], r["steps"], r["threads"]) for r in rows} == {
-        ("False", "32", "1", str(torch.get_num_threads()))
-    }
+    assert {(r["compiled"], r["precision"], r["threads"]) for r in rows} == {("False", "32", str(torch.get_num_threads()))}
 
     measured = [r for r in rows if r["status"] == "ok"]
     assert len(measured) == 5
@@ -61,6 +63,7 @@ def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line
         assert float(row["step_ms"]) > 0 and float(row["memory_mb"]) >= 0
         assert float(row["samples_per_s"]) == pytest.approx(2 / float(row["step_ms"]) * 1e3, rel=1e-3)
         assert float(row["loop_ms"]) > 0 and float(row["eval_loop_ms"]) > 0  # the same work back to back
+        assert int(row["steps"]) >= int(row["attempts"]) >= 1, "Timer's blocks hold the steps timed"
         assert 0 < float(row["padding"]) < 1  # ListOps and Retrieval inputs are zero-padded
 
     loading, skipped = rows[2], rows[5]
@@ -69,7 +72,7 @@ def test_writes_a_row_per_task_and_attention_with_ratios_and_a_data_loading_line
 
     # A part of the grid in another precision goes into the same file: the earlier rows stay, its ratios are its own.
     argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "64", "--batch", "2", "--precision", "bf16-mixed"]
-    assert bench.main([*argv, "--steps", "1", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    assert bench.main([*argv, *QUICK, "--quiet", "--out", str(out)]) == 0
     merged = read_rows(out / "step_cpu.csv")
     assert merged[:6] == rows
     assert [(r["task"], r["attention"], r["data_loading"], r["precision"]) for r in merged[6:]] == [
@@ -138,69 +141,77 @@ def test_an_unknown_attention_or_length_is_one_clear_error(capsys):
     assert "a sequence length is 'paper' (the task's own) or a positive integer, got '0'" in capsys.readouterr().err
 
 
-# --- noise: a cell whose timed steps spread too much is measured again, and marked if it stays noisy ---------------
+# --- noise: Timer times a cell's steps until they spread little, and a cell that still spreads is marked -------------
 
 
-def test_the_steadiest_attempt_is_kept_and_noise_is_judged_by_the_stated_bound():
-    bound = bench.SPREAD_BOUND
-    assert bench.relative_spread([100.0, 100.0 * (1 + bound), 100.0]) == pytest.approx(bound)
-    assert bench.relative_spread([42.0]) == 0.0
-    steady, wide = [100.0, 104.0, 102.0], [100.0, 160.0, 101.0]
-    assert bench.steadiest([wide, steady]) == (1, False)
-    assert bench.steadiest([wide, [200.0, 400.0, 200.0]]) == (0, True), "the least spread wins, and is still too wide"
-    assert bench.steadiest([[12.0, 12.5], [10.0, 10.4]]) == (1, False), "equal spreads: the faster median"
+def measured(*milliseconds):
+    """A Timer measurement whose blocks took these milliseconds per step (a step a block)."""
+    return Measurement(number_per_run=1, raw_times=[ms / 1e3 for ms in milliseconds], task_spec=TaskSpec("call()", "pass"))
 
 
-def scripted(attempts):
-    """A measurement that returns the next attempt's step times, and how often it was called."""
-    calls = iter(attempts)
-    return lambda: {"times": next(calls), "step_ms": 0.0}
+def test_a_cells_columns_are_timers_median_and_spread_and_noise_is_judged_by_the_stated_bound():
+    steady = bench.timed_columns(measured(10.0, 10.0, 10.2, 10.2), batch=4)
+    assert steady == {
+        "step_ms": 10.1,
+        "step_ms_std": pytest.approx(0.12, abs=0.005),
+        "samples_per_s": pytest.approx(4 / 10.1 * 1e3, rel=1e-3),
+        "spread": 0.02,  # IQR 0.2 over the median 10.1: 10.0 and 10.2 are the quartiles
+        "attempts": 4,
+        "steps": 4,
+        "noisy": False,
+    }
+    wide = bench.timed_columns(measured(20.0, 20.0, 40.0, 40.0), batch=4)
+    assert (wide["step_ms"], wide["spread"], wide["noisy"]) == (30.0, 0.667, True)
+    just_under = 100.0 + 0.99 * bench.SPREAD_BOUND * 100  # quartiles 100 and this: IQR / median a little under the bound
+    assert not bench.timed_columns(measured(100.0, 100.0, just_under, just_under), 1)["noisy"]
+    blocks = Measurement(number_per_run=10, raw_times=[0.1, 0.1, 0.1, 0.1], task_spec=TaskSpec("call()", "pass"))
+    assert bench.timed_columns(blocks, batch=1)["steps"] == 40 and bench.timed_columns(blocks, batch=1)["step_ms"] == 10.0
 
 
-def test_a_cell_is_repeated_while_its_steps_spread_over_the_bound_and_marked_noisy_if_they_still_do():
-    # The issue's case: a first `none` at 1235 ms, 124 ms when measured again; spread over the bound is repeated.
-    first, second = [1100.0, 1235.0, 1400.0], [124.0, 125.0, 123.0]
-    result = bench.measure_until_steady(scripted([first, second, AssertionError]))
-    assert (result["times"], result["attempts"], result["noisy"]) == (second, 2, False)
-    assert result["spread"] == pytest.approx((125 - 123) / 124, abs=1e-3)
+class ScriptedTimer:
+    """Timer's adaptive_autorange, giving the next measurement of a script: the steps' and the evaluation's per cell."""
 
-    steady = bench.measure_until_steady(scripted([[50.0, 51.0, 50.5]]))
-    assert (steady["attempts"], steady["noisy"]) == (1, False), "a steady cell is measured once"
+    def __init__(self, measurements):
+        self.measurements = iter(measurements)
+        self.asked = []
 
-    noisy = [[100.0, 180.0, 100.0], [100.0, 140.0, 100.0], [100.0, 200.0, 100.0]]
-    result = bench.measure_until_steady(scripted(noisy))
-    assert (result["times"], result["attempts"], result["noisy"]) == (noisy[1], bench.MAX_ATTEMPTS, True)
+    def adaptive_autorange(self, threshold, max_run_time):
+        self.asked.append((threshold, max_run_time))
+        return next(self.measurements)
 
 
-def test_the_cli_takes_comma_lists_repeats_noisy_cells_and_marks_them_in_csv_output_and_figure(tmp_path, monkeypatch, capsys):
+def test_the_cli_takes_comma_lists_and_marks_noisy_cells_in_csv_output_and_figure(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
-    # Step times by cell, in the grid's order: none (noisy, then steady), yoso_32 (noisy throughout), none + data loading.
-    attempts = iter([[10.0, 15.0, 10.0], [10.0, 10.2, 10.1]] + [[20.0, 40.0, 20.0]] * bench.MAX_ATTEMPTS + [[12.0, 12.1, 12.0]])
-    calls = itertools.count()  # each attempt times its training steps, then its evaluation batches (steady, 1 ms)
-    monkeypatch.setattr(bench, "time_calls", lambda run, device, repeats: [1.0] * 3 if next(calls) % 2 else next(attempts))
+    # Per cell in the grid's order, its steps then its evaluation batches: none, yoso_32 (noisy), none + data loading.
+    evaluation = measured(1.0, 1.0, 1.0, 1.0)
+    script = ScriptedTimer(
+        [measured(10.0, 10.0, 10.2, 10.2), evaluation, measured(20.0, 20.0, 40.0, 40.0), evaluation]
+        + [measured(12.0, 12.0, 12.0, 12.0), evaluation]
+    )
+    monkeypatch.setattr(bench, "timer", lambda run, device: script)
     out = tmp_path / "results"
-    argv = ["--tasks", "listops", "--attentions", "none,yoso_32", "--seq-len", "64", "--batch", "2", "--steps", "3"]
+    argv = ["--tasks", "listops", "--attentions", "none,yoso_32", "--seq-len", "64", "--batch", "2", "--max-run-time", "7"]
     assert bench.main([*argv, "--warmup", "0", "--out", str(out)]) == 0
 
+    assert script.asked == [(bench.SPREAD_BOUND, 7.0)] * 6
     rows = read_rows(out / "step_cpu.csv")
-    assert [(r["attention"], r["data_loading"], r["attempts"], r["noisy"]) for r in rows] == [
-        ("none", "False", "2", "False"),
-        ("yoso_32", "False", str(bench.MAX_ATTEMPTS), "True"),
-        ("none", "True", "1", "False"),
+    assert [(r["attention"], r["data_loading"], r["step_ms"], r["spread"], r["noisy"]) for r in rows] == [
+        ("none", "False", "10.1", "0.02", "False"),
+        ("yoso_32", "False", "30.0", "0.667", "True"),
+        ("none", "True", "12.0", "0.0", "False"),
     ]
-    assert float(rows[0]["step_ms"]) == 10.1 and float(rows[1]["spread"]) == 1.0
-    assert float(rows[1]["ratio_to_none"]) == pytest.approx(20.0 / 10.1, abs=1e-3)
+    assert float(rows[1]["ratio_to_none"]) == pytest.approx(30.0 / 10.1, abs=1e-3) and rows[0]["eval_ms"] == "1.0"
     printed = capsys.readouterr().out
     (noisy_line,) = [line for line in printed.splitlines() if "NOISY" in line]
-    assert "yoso_32" in noisy_line and f"> {bench.SPREAD_BOUND:.0%} in all {bench.MAX_ATTEMPTS} attempts" in noisy_line
+    assert "yoso_32" in noisy_line and f"spread 67% > {bench.SPREAD_BOUND:.0%} of their median after 4 steps" in noisy_line
     assert (out / "step_cpu.png").stat().st_size > 0
-    assert bench.read_rows(out / "step_cpu.csv")[1]["noisy"] is True
+    assert store.read_rows(out / "step_cpu.csv", bench.TYPES)[1]["noisy"] is True
 
 
 def test_list_options_take_spaces_commas_or_both_and_name_an_unknown_item(capsys):
     assert bench.listed(["none,softmax", "yoso_32", "none"]) == ["none", "softmax", "yoso_32"]
-    help_text = bench.build_parser().format_help()
-    assert f"spread more than {bench.SPREAD_BOUND:.0%} of their median" in help_text.replace("\n", " ")
+    help_text = " ".join(bench.build_parser().format_help().split())
+    assert f"spread less than {bench.SPREAD_BOUND:.0%} of their median (interquartile range / median)" in help_text
     with pytest.raises(SystemExit):
         bench.main(["--tasks", "listops,imdb"])
     assert "unknown task(s) ['imdb']; available: listops, text, retrieval, image, pathfinder" in capsys.readouterr().err
@@ -235,7 +246,7 @@ def test_the_twelve_table3_rows_run_compiled_in_one_command(tmp_path, monkeypatc
     monkeypatch.setattr("lra.module.compile_model", functools.partial(compile_model, backend=recording))
     out = tmp_path / "results"
     argv = ["--tasks", "listops", "--attentions", "table3", "--compile", "--seq-len", "32", "--batch", "2"]
-    assert bench.main([*argv, "--steps", "1", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    assert bench.main([*argv, *QUICK, "--quiet", "--out", str(out)]) == 0
     rows = read_rows(out / "step_cpu.csv")
     assert [(row["attention"], row["data_loading"]) for row in rows] == [
         *((preset, "False") for preset in TABLE3.presets),
@@ -243,13 +254,32 @@ def test_the_twelve_table3_rows_run_compiled_in_one_command(tmp_path, monkeypatc
     ]
     assert {(row["status"], row["compiled"]) for row in rows} == {("ok", "True")}, [row["error"] for row in rows]
     assert all(float(row["compile_s"]) > 0 and float(row["step_ms"]) > 0 and float(row["eval_ms"]) > 0 for row in rows)
-    assert len(graphs) == 2 * len(rows)  # each cell measured once (one step cannot spread): training and evaluation
+    assert len(graphs) == 2 * len(rows)  # each cell compiled once: training and evaluation
+
+
+def test_eager_too_measures_the_compiled_grid_and_then_the_same_grid_eagerly_into_one_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    aot_eager = functools.partial(compile_model, backend=torch._dynamo.lookup_backend("aot_eager"))
+    monkeypatch.setattr("lra.module.compile_model", aot_eager)  # Dynamo and AOTAutograd without code generation
+    out = tmp_path / "results"
+    argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "32", "--batch", "2", *QUICK, "--quiet"]
+    assert bench.main([*argv, "--compile", "--eager-too", "--out", str(out)]) == 0
+    rows = read_rows(out / "step_cpu.csv")
+    assert [(r["data_loading"], r["compiled"], r["status"]) for r in rows] == [
+        ("False", "True", "ok"),
+        ("True", "True", "ok"),
+        ("False", "False", "ok"),
+        ("True", "False", "ok"),
+    ]
+    assert rows[0]["compile_s"] != "" and rows[2]["compile_s"] == "" and float(rows[2]["ratio_to_none"]) == 1.0
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--eager-too"])  # without --compile there is no compiled grid to follow
 
 
 def test_profile_writes_each_phase_of_the_step_and_the_row_times_an_evaluation_batch(tmp_path, monkeypatch):
     monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
     out = tmp_path / "results"
-    argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "32", "--batch", "2", "--steps", "2", "--warmup", "0"]
+    argv = ["--tasks", "listops", "--attentions", "none", "--seq-len", "32", "--batch", "2", *QUICK]
     assert bench.main([*argv, "--profile", "--quiet", "--out", str(out)]) == 0
     (row, _loading) = read_rows(out / "step_cpu.csv")
     assert float(row["eval_ms"]) > 0 and row["compile_mode"] == "" and row["device_ms"] == ""  # no device on a CPU
@@ -281,27 +311,12 @@ def test_the_data_loading_line_reads_batches_pinned_for_a_gpu_as_the_trainer_doe
             assert made[-1].train_dataloader().pin_memory is (device == "cuda")
 
 
-def test_back_to_back_waits_for_the_device_once_after_all_calls_and_gives_the_time_per_call(monkeypatch):
-    from lra.bench import measure
-
-    events = []
-    monkeypatch.setattr(measure, "synchronize", lambda device: events.append("synchronize"))
-
-    def run():
-        events.append("call")
-        time.sleep(0.005)
-
-    per_call = measure.back_to_back(run, torch.device("cpu"), 4)
-    assert events == ["synchronize", "call", "call", "call", "call", "synchronize"]  # time_calls waits after each call
-    assert per_call >= 5.0  # milliseconds per call, not for the four
-
-
 def test_rows_of_another_device_are_kept_as_their_own_cells_with_their_own_ratios(tmp_path, monkeypatch):
     """A GPU's rows merged into a file that holds another GPU's: nothing replaced across devices, no ratio across them."""
     monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
     out = tmp_path / "results"
-    argv = ["--tasks", "listops", "--attentions", "none", "softmax", "--seq-len", "64", "--batch", "2", "--steps", "1"]
-    assert bench.main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    argv = ["--tasks", "listops", "--attentions", "none", "softmax", "--seq-len", "64", "--batch", "2", *QUICK]
+    assert bench.main([*argv, "--quiet", "--out", str(out)]) == 0
     path = out / "step_cpu.csv"
     here = read_rows(path)
     other = [dict(row, device="Another GPU", step_ms=str(float(row["step_ms"]) * 10)) for row in here]
@@ -310,14 +325,15 @@ def test_rows_of_another_device_are_kept_as_their_own_cells_with_their_own_ratio
         writer.writeheader()
         writer.writerows(other)
 
-    assert bench.main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    assert bench.main([*argv, "--quiet", "--out", str(out)]) == 0
     merged = read_rows(path)
     assert [row["device"] for row in merged] == ["Another GPU"] * len(other) + [here[0]["device"]] * len(here)
     assert merged[: len(other)] == other  # kept as they were, their ratios too
     floor = next(r for r in merged[len(other) :] if r["attention"] == "none" and r["data_loading"] == "False")
     softmax = next(r for r in merged[len(other) :] if r["attention"] == "softmax")
     assert float(softmax["ratio_to_none"]) == pytest.approx(float(softmax["step_ms"]) / float(floor["step_ms"]), abs=1e-3)
-    assert bench.label(bench.read_rows(path)[0], with_device=True) == "none (Another GPU)"  # the figure tells them apart
+    first = store.read_rows(path, bench.TYPES)[0]
+    assert bench.label(first, with_device=True) == "none (Another GPU)"  # the figure tells them apart
 
 
 def test_a_failed_cell_records_the_innermost_cause_of_a_wrapped_error():

@@ -1,5 +1,5 @@
-"""Measuring a block of work on a device: its time (one helper for every benchmark), synchronising, and its peak
-memory above a baseline."""
+"""The memory of a block of work on a device: its peak above a baseline, and the CPU allocator's settings that the
+peak and the timings each need (no library does either)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import ctypes
 import gc
 import math
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,43 +18,14 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 DEFAULT_TRIM_THRESHOLD, STEADY_MMAP_THRESHOLD = 128 * 2**10, 32 * 2**20
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_calls(run: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
-    """Milliseconds of each of ``repeats`` calls of ``run`` after one untimed call, the device synchronised after each.
-
-    On a CPU, glibc's allocator is first put in the state a long run reaches on its own (blocks under
-    32 MiB recycled, not returned to the OS), undoing ``MemoryMeter``'s setting, under which every large
-    block is mapped and faulted in afresh: that costs time in proportion to an attention's temporaries
-    (a YOSO-32 forward at n = 16384, head dim 64, 2 threads, median of 3, one process each: 63 and 69 ms
-    under it; 35-54 ms with glibc's defaults and 45-50 ms in the state set here, the machine's noise; the call
-    of ``python -m lra.bench kernels``, on the 2-core AMD EPYC VM, commit c2f8313, 2026-11-23)."""
-    if device.type == "cpu":
-        _set_allocator(mmap_threshold=STEADY_MMAP_THRESHOLD, trim_threshold=2 * STEADY_MMAP_THRESHOLD)
-    run()  # warms the allocator (and any lazy state) up
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def back_to_back(run: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Milliseconds per call of ``run`` over ``repeats`` calls one after another, the device synchronised once, after
-    the last: a loop that does not wait for the device between calls, where the host prepares and launches one call
-    while the device still works on the one before (:func:`time_calls` waits after each call, which adds the two)."""
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    synchronize(device)
-    return (time.perf_counter() - start) * 1e3 / repeats
+def steady_allocator() -> None:
+    """Put glibc's allocator in the state a long run reaches on its own (blocks under 32 MiB recycled, not returned to
+    the OS), undoing :class:`MemoryMeter`'s setting, under which every large block is mapped and faulted in afresh: that
+    costs time in proportion to an attention's temporaries (a YOSO-32 forward at n = 16384, head dim 64, 2 threads,
+    median of 3, one process each: 63 and 69 ms under it; 35-54 ms with glibc's defaults and 45-50 ms in the state set
+    here, the machine's noise; the call of ``python -m lra.bench kernels``, on the 2-core AMD EPYC VM, commit c2f8313,
+    2026-11-23). Timing on a CPU starts here (:func:`lra.bench.timing.timer`)."""
+    _set_allocator(mmap_threshold=STEADY_MMAP_THRESHOLD, trim_threshold=2 * STEADY_MMAP_THRESHOLD)
 
 
 class MemoryMeter:
@@ -66,7 +35,7 @@ class MemoryMeter:
     block of 1 MiB or more by ``mmap`` (returned to the OS on free; by default the threshold rises
     with each such free and large blocks get recycled unseen) and to give back freed memory before
     the baseline is read. That setting slows the work it watches, so a benchmark measures the peak
-    in a run of its own, never in the timed ones (``time_calls`` undoes it).
+    in a run of its own, never in the timed ones (:func:`steady_allocator` undoes it).
     """
 
     def __init__(self, device: torch.device) -> None:
