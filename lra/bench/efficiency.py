@@ -52,9 +52,9 @@ from lra.bench.memory import MemoryMeter, proc_status_mb, proc_value_mb
 from lra.bench.output import RESULTS
 from lra.bench.timing import calls_timed, milliseconds, synchronize, timer
 from lra.data.tasks import TaskSpec
+from lra.devices import device_name
 from lra.model import AttentionConfig, LRAClassifier, ModelConfig, build_classifier
-from lra.results import device_name
-from lra.rows import pyplot, save_figure, write_rows
+from lra.rows import merge_rows, pyplot, read_rows, save_figure, write_rows
 
 # The original profile's random tokens: a 512-token vocabulary, 10 classes, one input, no data files.
 PROFILE = TaskSpec("efficiency_profile", vocab_size=512, num_classes=10)
@@ -202,6 +202,10 @@ def measure_cell(entry: Entry, seq_len: int, args, model_config: ModelConfig) ->
     }
 
 
+CELL = ("attention", "seq_len", "device", "dtype")  # a row's key: a later measurement of it replaces the earlier
+ROW_TYPES = {"seq_len": int, "time_ms": float, "time_ms_std": float, "memory_mb": float}
+
+
 def run_grid(args) -> list[dict[str, Any]]:
     device = torch.device(args.device)
     model_config = profile_model()
@@ -219,6 +223,7 @@ def run_grid(args) -> list[dict[str, Any]]:
         "threads": torch.get_num_threads() if device.type == "cpu" else "",
     }
     path = args.out / f"efficiency_{device.type}.csv"
+    earlier = read_rows(path, ROW_TYPES)  # a run of some attentions keeps the file's other rows
     rows: list[dict[str, Any]] = []
     grid = [(entry, n) for entry in selected for n in sorted(args.lengths)]
     out_of_memory_at: dict[str, int] = {}
@@ -260,11 +265,15 @@ def run_grid(args) -> list[dict[str, Any]]:
                 f"{entry.row:<16} n={seq_len:<6} batch={row['batch']!s:<5} {row['time_ms']:10.3f} ms/inst "
                 f"{row['memory_mb']:10.2f} MB/inst {row['status']} {row['error']}"
             )
-        write_rows(rows, path, FIELDS)
+        write_rows(merge_rows(earlier, rows, CELL), path, FIELDS)
+    shown = [
+        row for row in merge_rows(earlier, rows, CELL) if (row["device"], row["dtype"]) == (common["device"], common["dtype"])
+    ]
+    versions = ", ".join(sorted({str(row["torch"]) for row in shown}))
     plot(
-        rows,
+        shown,
         path.with_suffix(".png"),
-        f"{common['device']}, torch {common['torch']}, {common['dtype']}, "
+        f"{common['device']}, torch {versions}, {common['dtype']}, "
         + ("largest batch that fits" if device.type == "cuda" else f"batch {args.batch}"),
     )
     print(f"wrote {path} and {path.with_suffix('.png')}")

@@ -98,6 +98,20 @@ def test_writes_per_instance_rows_and_records_failures_and_out_of_memory(tmp_pat
     assert skipped["status"] == "out_of_memory" and skipped["error"] == "skipped: out of memory at n=64"
 
 
+def test_a_run_of_some_attentions_keeps_the_files_other_rows_and_replaces_its_own(tmp_path, throwaway_attentions):
+    """Issue 71: the committed CPU grid lacked softmax_unpadded and yoso_e_flex; a run of those two must add their rows,
+    not replace the file with them."""
+    out = tmp_path / "results"
+    common = ["--device", "cpu", "--batch", "2", "--min-run-time", "0.02", "--quiet", "--out", str(out)]
+    assert efficiency.main([*common, "--lengths", "32", "64", "--attentions", "softmax", "test_pass_through"]) == 0
+    before = {(row["attention"], row["seq_len"]): row for row in read_rows(out / "efficiency_cpu.csv")}
+    assert efficiency.main([*common, "--lengths", "64", "128", "--attentions", "test_pass_through", "none"]) == 0
+    after = {(row["attention"], row["seq_len"]): row for row in read_rows(out / "efficiency_cpu.csv")}
+    assert sorted(after) == sorted({*before, ("test_pass_through", "128"), ("none", "64"), ("none", "128")})
+    assert all(after[key] == before[key] for key in [("softmax", "32"), ("softmax", "64"), ("test_pass_through", "32")])
+    assert after[("test_pass_through", "64")] != before[("test_pass_through", "64")], "measured again: replaced"
+
+
 def test_unknown_attention_is_named(tmp_path):
     with pytest.raises(SystemExit, match="unknown attention.*'sofmax'"):
         efficiency.main(["--device", "cpu", "--attentions", "sofmax", "--out", str(tmp_path)])
