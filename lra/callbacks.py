@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -21,6 +22,9 @@ from pytorch_lightning.trainer.states import TrainerFn
 from . import checkpoints, signals
 from .files import DiskFull
 from .steps import metrics_row_due, something_due_after
+
+# Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
+file_log = logging.getLogger("lra.train.file")
 
 
 class TrainingSpeed(Callback):
@@ -131,6 +135,15 @@ def steps_per_second(callbacks: Iterable[Callback]) -> float | None:
 def timed_machine_load(callbacks: Iterable[Callback]) -> dict[str, float] | None:
     """The machine's load while a run's :class:`TrainingSpeed` timed its steps (:attr:`TrainingSpeed.load`)."""
     return next((callback.load for callback in callbacks if isinstance(callback, TrainingSpeed)), None)
+
+
+class EvaluationLog(Callback):
+    """Each evaluation's result into train.log, as it happens (the console has the progress bar)."""
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
+            file_log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
 
 
 class CheckpointOnInterrupt(Callback):

@@ -20,9 +20,9 @@ import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint, ProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint, ProgressBar
 
-from . import checkpoints, results
+from . import checkpoints, devices, results
 from .callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, RunIdentity, steps_per_second, timed_machine_load
 from .datamodule import LRADataModule
 from .module import (
@@ -34,21 +34,9 @@ from .module import (
     compile_model,
     load_pretrained_encoder,
 )
-from .protocol import Protocol
 from .results import CLASSIFICATION, PRETRAINING
 
 log = logging.getLogger(__name__)
-# Lines for train.log only (conf/hydra/job_logging/lra.yaml): each evaluation.
-file_log = logging.getLogger("lra.train.file")
-
-
-class EvaluationLog(Callback):
-    """Each evaluation's result into train.log, as it happens (the console has the progress bar)."""
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
-            file_log.info("step %d: %s", trainer.global_step, ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
 
 
 @contextmanager
@@ -134,7 +122,7 @@ def build_module(cfg: DictConfig, stage: str, init_from: Path | None) -> LRAModu
         warmup_steps=protocol.warmup_steps,
         max_steps=protocol.max_steps,
         weight_decay=protocol.weight_decay,
-        skip_non_finite_steps=Protocol.checked(OmegaConf.to_container(protocol, resolve=True)).skip_non_finite_steps,
+        skip_non_finite_steps=bool(protocol.skip_non_finite_steps),  # checked with the protocol (lra.config.checked)
     )
     if stage == PRETRAINING:
         return LRAMaskedLMModule(**arguments, mask_rate=cfg.pretrain.mask_rate)
@@ -239,7 +227,7 @@ def fit_and_test(
         compile_model(module, compile_with, mode)
     identity = RunIdentity(config_hash, cfg.seed) if config_hash else None
     trainer = build_trainer(cfg, output_dir, resume_from, arguments, identity)
-    results.reset_peak_memory(trainer.strategy.root_device)
+    devices.reset_peak_memory(trainer.strategy.root_device)
     on_interrupt = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     with without_known_warnings(), on_interrupt.stop_between_steps() if on_interrupt else nullcontext():
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
@@ -266,7 +254,7 @@ def tested_run_keys(
     test_metrics: dict[str, float],
 ) -> dict[str, Any]:
     """The run record's keys of a tested run: what ``trained`` holds, what was tested on and how well, and on what."""
-    peak_memory, peak_memory_kind = results.peak_memory_mb(device)
+    peak_memory, peak_memory_kind = devices.peak_memory_mb(device)
     task_data = datamodule.task_data
     return {
         **trained,
@@ -278,7 +266,7 @@ def tested_run_keys(
         "test_loss": test_metrics["test/loss"],
         "peak_memory_mb": round(peak_memory, 1),
         "peak_memory_kind": peak_memory_kind,
-        "device": results.device_name(device),
+        "device": devices.device_name(device),
         "precision": results.precision_name(cfg.trainer.precision),
         "compiled": compile_with is not None,
         "compile_backend": compile_with,

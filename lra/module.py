@@ -12,6 +12,7 @@ encoder shares (those settings and the optimisation); a new objective subclasses
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +118,14 @@ class LRAModule(pl.LightningModule):
 
     # Set by compile_model when the steps replay CUDA graphs: each step then marks its start for them.
     marks_cuda_graph_steps = False
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> LRAModule:
+        """Lightning's, the checkpoint read through :mod:`lra.checkpoints` (its recorded digest checked, then unpickled
+        with ``weights_only=True``)."""
+        data = checkpoints.read_bytes(Path(checkpoint_path))
+        kwargs.setdefault("map_location", "cpu")
+        return super().load_from_checkpoint(io.BytesIO(data), *args, weights_only=True, **kwargs)
 
     def configure_optimizers(self):
         hp = self.hparams

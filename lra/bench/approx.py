@@ -70,9 +70,10 @@ from attention_zoo.yoso import MAX_HASH_BITS, YosoAttention
 from lra.bench.output import RESULTS
 from lra.data import cache
 from lra.data.tasks import TokenDataset, get_spec
+from lra.devices import device_name
 from lra.model import LRAEncoder
 from lra.module import LRAClassificationModule
-from lra.results import RESULTS_FILE, RunRecord, device_name
+from lra.results import RESULTS_FILE, RunRecord
 from lra.rows import pyplot, save_figure, write_rows
 
 FIELDS = [
@@ -233,7 +234,7 @@ def trained_vectors(run_dir: Path, checkpoint: Path | None, num_tokens: int, sam
     if checkpoint is None:
         checkpoint = best_checkpoint(run_dir, record)
     try:
-        module = LRAClassificationModule.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+        module = LRAClassificationModule.load_from_checkpoint(checkpoint).eval()
     except TypeError as error:  # no task, length, model or attention among its hyperparameters
         raise UnusableRun(
             f"{checkpoint} does not hold the model's settings ({error}); it was written by an older version of "

@@ -71,7 +71,7 @@ from lra.bench.memory import MemoryMeter
 from lra.bench.output import RESULTS
 from lra.bench.step import TrainingStep, build_module, padding_share, random_batch, task_config
 from lra.bench.timing import synchronize, timer
-from lra.results import device_name
+from lra.devices import device_name
 from lra.rows import merge_rows, read_rows, write_rows
 
 TASK = "listops"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from lra.results import git_commit, write_atomically
+from lra.files import write_atomically
+from lra.results import git_commit
 from yoso_cuda.build import cuda_toolkit
 
 SUMMARY = "gpu_validation_cuda"  # the record's name, and its folder of logs

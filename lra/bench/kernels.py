@@ -41,7 +41,7 @@ from lra.bench import official_yoso
 from lra.bench.memory import MemoryMeter
 from lra.bench.output import RESULTS
 from lra.bench.timing import milliseconds, synchronize, timer
-from lra.results import device_name
+from lra.devices import device_name
 from lra.rows import pyplot, read_rows, save_figure, write_rows
 
 FIELDS = [

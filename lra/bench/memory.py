@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from lra import results
+from lra import devices
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 # glibc's defaults, and the ceiling its dynamic mmap threshold rises to on 64-bit (trimming at twice it).
@@ -50,7 +50,7 @@ class MemoryMeter:
         return proc_status_mb("VmRSS")
 
     def reset_peak(self) -> None:
-        results.reset_peak_memory(self.device)
+        devices.reset_peak_memory(self.device)
 
     def peak_above_baseline(self) -> float:
         if self.device.type == "cuda":

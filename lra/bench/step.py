@@ -111,9 +111,9 @@ from lra.bench.timing import back_to_back, calls_timed, milliseconds, relative_s
 from lra.data import cache
 from lra.data.tasks import get_spec, resolve
 from lra.datamodule import LRADataModule
+from lra.devices import device_name
 from lra.module import COMPILE_MODES, LRAClassificationModule
 from lra.paper import TABLES
-from lra.results import device_name
 from lra.rows import merge_rows, pyplot, read_rows, save_figure, write_rows
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")

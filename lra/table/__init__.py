@@ -57,6 +57,7 @@ __all__ = [
     "on_papers_side",
     "paper_setup",
     "parse_rows",
+    "parser",
     "run_file_name",
     "spearman",
     "write_all",
@@ -71,6 +72,57 @@ def parse_rows(text: str) -> str | tuple[str, ...]:
     if not rows:
         raise argparse.ArgumentTypeError(f"expected {PAPER_ROWS}, {ALL_ROWS} or rows separated by commas, got {text!r}")
     return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
+    output_dir = config.output_dir()
+    line = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
+    line.add_argument(
+        "--runs",
+        type=Path,
+        nargs="*",
+        default=[output_dir],
+        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)",
+    )
+    line.add_argument(
+        "--results",
+        type=Path,
+        default=Path("results"),
+        help="the committed results; their runs/ subfolder holds the committed run records",
+    )
+    line.add_argument(
+        "--out", type=Path, default=output_dir, help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)"
+    )
+    line.add_argument(
+        "--collect",
+        action="store_true",
+        help="copy finished runs into RESULTS/runs/, then write RESULTS/NAME.* (implies --committed)",
+    )
+    line.add_argument(
+        "--committed", action="store_true", help="write RESULTS/NAME.* from RESULTS/runs/ alone instead of the user's table"
+    )
+    line.add_argument(
+        "--paper",
+        choices=sorted(TABLES),
+        help="the published table whose numbers stand beside the cells: table3 (the YOSO paper's Table 3, the default) or "
+        "lra_table1 (the LRA paper's Table 1); given alone, the table as the paper prints it (its rows only): NAME.*",
+    )
+    line.add_argument(
+        "--rows",
+        type=parse_rows,
+        help="which rows: 'all' (every attention with finished runs, the paper's rows first in its order, then the others "
+        "by name: comparison.*, the default without --paper), 'paper' (the published table's rows: the default with --paper) "
+        "or rows separated by commas, in the order wanted (e.g. softmax,yoso_32,my_attention)",
+    )
+    line.add_argument("--speed", action="store_true", help="also show each cell's training steps per second and peak memory (MB)")
+    line.add_argument(
+        "--protocol", nargs="+", metavar="NAME", help="only runs of these protocols (e.g. spt_short); default: every run"
+    )
+    line.add_argument(
+        "--name", help="the tables' file name, NAME.{md,csv,tex,png} (default: comparison, or the --paper's name for its rows)"
+    )
+    return line
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,55 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     committed table never holds a run that is not committed beside it. ``--speed`` adds each cell's training steps
     per second and peak memory, from the records.
     """
-    output_dir = config.output_dir()
-    parser = argparse.ArgumentParser(prog="python -m lra.table", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--runs",
-        type=Path,
-        nargs="*",
-        default=[output_dir],
-        help="folders searched for results.json (default: outputs/ or $LRA_OUTPUT_DIR)",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=Path("results"),
-        help="the committed results; their runs/ subfolder holds the committed run records",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=output_dir, help="where the user's table goes (default: outputs/ or $LRA_OUTPUT_DIR)"
-    )
-    parser.add_argument(
-        "--collect",
-        action="store_true",
-        help="copy finished runs into RESULTS/runs/, then write RESULTS/NAME.* (implies --committed)",
-    )
-    parser.add_argument(
-        "--committed", action="store_true", help="write RESULTS/NAME.* from RESULTS/runs/ alone instead of the user's table"
-    )
-    parser.add_argument(
-        "--paper",
-        choices=sorted(TABLES),
-        help="the published table whose numbers stand beside the cells: table3 (the YOSO paper's Table 3, the default) or "
-        "lra_table1 (the LRA paper's Table 1); given alone, the table as the paper prints it (its rows only): NAME.*",
-    )
-    parser.add_argument(
-        "--rows",
-        type=parse_rows,
-        help="which rows: 'all' (every attention with finished runs, the paper's rows first in its order, then the others "
-        "by name: comparison.*, the default without --paper), 'paper' (the published table's rows: the default with --paper) "
-        "or rows separated by commas, in the order wanted (e.g. softmax,yoso_32,my_attention)",
-    )
-    parser.add_argument(
-        "--speed", action="store_true", help="also show each cell's training steps per second and peak memory (MB)"
-    )
-    parser.add_argument(
-        "--protocol", nargs="+", metavar="NAME", help="only runs of these protocols (e.g. spt_short); default: every run"
-    )
-    parser.add_argument(
-        "--name", help="the tables' file name, NAME.{md,csv,tex,png} (default: comparison, or the --paper's name for its rows)"
-    )
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     runs_dir = args.results / "runs"
     rows = args.rows or (PAPER_ROWS if args.paper else ALL_ROWS)
     published = TABLES[args.paper or TABLE3.name]

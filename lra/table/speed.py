@@ -4,7 +4,7 @@ each model).
 
 A point per row of the first section that has them (:func:`points`): its mean test accuracy over the section's tasks
 where it has a cell, the mean of its cells' training steps per second (:class:`lra.callbacks.TrainingSpeed`: the
-training steps alone, evaluations excluded) and of their peak memory (:func:`lra.device.peak_memory_mb`). The speed
+training steps alone, evaluations excluded) and of their peak memory (:func:`lra.devices.peak_memory_mb`). The speed
 and memory are those of the machines the runs trained on: the section's description names them, and only points of
 one machine compare.
 """

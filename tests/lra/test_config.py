@@ -82,7 +82,7 @@ def test_a_shortened_run_gets_a_warmup_and_an_evaluation_that_fit_in_a_new_confi
         (dict(lr=True), TypeError, "task.protocol.lr must be float"),
         (dict(batch_size=0), ValueError, "task.protocol.batch_size must be at least 1"),
         (dict(warmup_steps=1), ValueError, "task.protocol.warmup_steps=1 does not fit the learning-rate schedule"),
-        (dict(lr=-1.0), ValueError, "lr > 0"),
+        (dict(lr=-1.0), ValueError, "task.protocol.lr must be positive, got -1.0"),
         (dict(max_step=20), ValueError, "unknown task.protocol field(s) ['max_step']"),
     ],
 )

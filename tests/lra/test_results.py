@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 import attention_zoo
-from lra import config, results
+from lra import config, devices, results
 from lra.config import checked
 from lra.results import CLASSIFICATION, RunRecord, defining_config
 
@@ -22,13 +22,13 @@ def test_each_run_of_a_multirun_reports_its_own_peak_memory():
     """Hydra's multirun trains every job in one process: a peak left by an earlier job must not
     become a later job's figure."""
     cpu = torch.device("cpu")
-    results.reset_peak_memory(cpu)
-    before, kind = results.peak_memory_mb(cpu)
+    devices.reset_peak_memory(cpu)
+    before, kind = devices.peak_memory_mb(cpu)
     block = np.ones(400 * 2**20 // 8)  # 400 MB, touched, then freed (glibc unmaps a block this large)
-    during, _ = results.peak_memory_mb(cpu)
+    during, _ = devices.peak_memory_mb(cpu)
     del block
-    results.reset_peak_memory(cpu)
-    after, _ = results.peak_memory_mb(cpu)
+    devices.reset_peak_memory(cpu)
+    after, _ = devices.peak_memory_mb(cpu)
     assert kind == "cpu_max_rss"
     assert during > before + 350, (before, during)
     assert after < during - 350, (during, after)
