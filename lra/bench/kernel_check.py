@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = all(v["passed"] for v in found)
     check = {
         "passed": passed,
-        "cuda_usable": report.cuda.loaded and not report.cuda.unsafe,
+        "cuda_usable": report.cuda.loaded and not report.cuda.unsafe and torch.cuda.is_available(),  # built needs a GPU too
         "libraries": {library.device: library.describe() for library in report.libraries},
         "verdicts": found,
     }

@@ -122,6 +122,13 @@ def test_a_table3_row_compiled_whole_trains_and_evaluates_as_eager(row, listops)
     compare(row, "aot_eager", FAST_STEPS, *listops)
 
 
+# YOSO-E weighs each key by (1 - arccos(q . k) / pi)^tau, whose slope is unbounded as q . k nears 1: a difference of
+# one rounding grows. Eager YOSO-E with every weight nudged by one ulp left eager's losses beyond TOLERANCE at step
+# 274 of 300 (by 3.9e-4; torch 2.14.1, one thread: what a worker of pytest -n 2 on 2 cores has), where softmax stays
+# within 5e-7 for all 300; its Inductor run left them at the same step.
+ARCCOS_STEPS = 200
+
+
 def hashes(attention: dict) -> bool:
     """Whether the attention buckets tokens by the signs or argmax of random projections (YOSO's sampled rows, Reformer).
 
@@ -148,8 +155,14 @@ def test_a_table3_row_compiled_whole_under_bf16_autocast_trains_and_evaluates_as
 def test_a_table3_row_compiled_whole_trains_as_eager_over_300_steps(row, backend, listops):
     """300 steps, over every batch many times; Inductor's code draws dropout's numbers eager's way here. Inductor rounds
     otherwise than eager, so a row that hashes is held to eager's losses for the steps before a rounding can flip a
-    hash bit (:func:`hashes`); aot_eager computes eager's numbers, and holds every row for all 300."""
-    steps = 50 if backend == "inductor" and hashes(row_attention(row)) else 300
+    hash bit (:func:`hashes`), and YOSO-E for the steps before a rounding's difference grows past the tolerance
+    (:data:`ARCCOS_STEPS`); aot_eager computes eager's numbers, and holds every row for all 300."""
+    attention = row_attention(row)
+    steps = 300
+    if backend == "inductor" and hashes(attention):
+        steps = 50
+    elif backend == "inductor" and attention["name"] == "yoso":  # YOSO-E: its expectation's arccos
+        steps = ARCCOS_STEPS
     # The config module's own patch: torch 2.14's config rejects monkeypatch's undo (it deletes the setting for the
     # whole process, and every later compilation in it fails).
     with torch._inductor.config.patch(fallback_random=True):

@@ -277,7 +277,12 @@ def test_testing_a_best_checkpoint_of_another_configuration_is_refused(tmp_path,
     (ours / results.RESULTS_FILE).write_text(json.dumps({**record, "status": "interrupted"}))  # resumed at its end
     (best,) = (ours / "checkpoints").glob("best-*.ckpt")
     (their_best,) = (theirs / "checkpoints").glob("best-*.ckpt")
-    shutil.copy(their_best, best)
+    shutil.copy(their_best, best)  # without its digest: not the file written there
+    refused = run_train(check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and f"{best} is not the checkpoint that was written there" in said, said[-3000:]
+    (ours / results.RESULTS_FILE).write_text(json.dumps({**record, "status": "interrupted"}))
+    shutil.copy(checkpoints.digest_file(their_best), checkpoints.digest_file(best))  # with it: whole, and another run's
     refused = run_train(check=False)
     said = refused.stdout + refused.stderr
     assert refused.returncode == 1 and f"{best} is a checkpoint of another configuration or seed" in said, said[-3000:]
