@@ -94,7 +94,9 @@ class UnpaddedSoftmaxAttention(SoftmaxAttention):
             e = x.shape[-1]
             tokens_first = x.gather(2, order[:, None, :, None].expand(b, h, n, e))  # (b, h, n, e)
             padded = F.pad(tokens_first, (0, 0, 0, extra))  # (b, h, n + m, e)
-            packed = padded.transpose(1, 2).reshape(b * (n + extra), h, e)  # (b * (n + m), h, e)
+            # A copy in token-major order: for one row, reshape would give a view whose tokens are not contiguous, which
+            # SDPA's nested math path (a CPU's) refuses.
+            packed = padded.transpose(1, 2).contiguous().view(b * (n + extra), h, e)  # (b * (n + m), h, e)
             return torch.nested.nested_tensor_from_jagged(packed, offsets, min_seqlen=1, max_seqlen=n).transpose(1, 2)
 
         dropout = self.config.dropout if self.training else 0.0

@@ -120,17 +120,21 @@ def test_the_unpadded_path_gives_the_fused_nested_kernels_static_nonempty_sequen
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [5, 1], ids=["batch", "one-row"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed, device):
+def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed, rows, device):
     """Without dropout the two paths are one function: same outputs and the same gradients of q, k and v, on rows
-    unpadded, randomly padded (tokens after padding), fully padded and right padded."""
+    unpadded, randomly padded (tokens after padding), fully padded and right padded; and on a batch of one row (the
+    efficiency benchmark's on a CPU), whose packed tokens were a view SDPA's nested math path refuses (torch 2.14)."""
     generator = torch.Generator().manual_seed(seed)
     n = 150
     mask = torch.rand(5, n, generator=generator) < 0.6
     mask[0], mask[1], mask[2] = True, False, torch.arange(n) < 70
-    q, k, v = (torch.randn(5, 2, n, 8, generator=generator).to(device).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(5, 2, n, 8, generator=generator).to(device) for _ in range(3))
     weights = torch.randn(5, 2, n, 8, generator=generator).to(device)
-    mask = mask.to(device)
+    kept = slice(0, 5) if rows == 5 else slice(3, 4)  # a randomly padded row alone
+    q, k, v, weights, mask = (x[kept] for x in (q, k, v, weights, mask.to(device)))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
     results = []
     for name in SOFTMAX:
         attn = attention_zoo.build(name, seq_len=n, num_heads=2, head_dim=8, dropout=0.0).train()
@@ -138,7 +142,8 @@ def test_unpadded_softmax_has_the_masked_paths_values_and_gradients(seed, device
         results.append((out, *torch.autograd.grad((out * weights).sum(), (q, k, v))))
     for masked, unpadded in zip(*results):
         torch.testing.assert_close(unpadded, masked, rtol=1e-5, atol=1e-6)
-    assert (results[1][0][1] == 0).all() and (results[1][1][1] == 0).all()
+    if rows == 5:
+        assert (results[1][0][1] == 0).all() and (results[1][1][1] == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
