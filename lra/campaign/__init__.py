@@ -35,7 +35,7 @@ from . import archive
 from .carry import STATE, is_member, unfinished_state, write_pack
 from .cli import main, parser
 from .control import chosen_parallel, refuse_if_taken, start, starting, status, stop
-from .machine import AUTOGROUP, Share, cell_command, check_device, cores, device_slug, lower_priority, on_gpu
+from .machine import AUTOGROUP, Share, autogroup_nice, cell_command, check_device, cores, device_slug, lower_priority, on_gpu
 from .measure import MEASURE_SEED, measure
 from .mps import MPS_CONTROL, MPS_DEFAULT_PIPE, mps_daemon, mps_decision, mps_problem, mps_running
 from .plan import (
@@ -70,10 +70,10 @@ from .throughput import (
 __all__ = [
     "AUTOGROUP", "BEST_SHARE", "CELLS", "CURVE_FIELDS", "FIRST_K", "LOG_FILE", "MEASURE_SEED", "MPS_CONTROL",
     "MPS_DEFAULT_PIPE", "PLAN_FILE", "STATE", "START_LOCK_FILE", "CampaignError", "Cell", "CellRestore", "CellState",
-    "Plan", "Ramp", "Share", "Stopping", "archive", "auto_parallel", "best_parallel", "cell_command", "cell_states",
-    "check_device", "checked_cell", "chosen_parallel", "compose", "cores", "curve_of", "default_dir", "device_slug",
-    "finished_records", "is_member", "lower_priority", "main", "make_plan", "measure", "mps_daemon", "mps_decision",
-    "mps_problem", "mps_running", "on_gpu", "parser", "plan_states", "progress", "rate_at", "record_throughput",
-    "refuse_if_taken", "restore_cell", "run", "run_cells", "settle_cell", "start", "starting", "status", "status_text",
-    "stop", "sweep_cells", "unfinished_state", "unpack", "write_curve", "write_pack",
+    "Plan", "Ramp", "Share", "Stopping", "archive", "auto_parallel", "autogroup_nice", "best_parallel", "cell_command",
+    "cell_states", "check_device", "checked_cell", "chosen_parallel", "compose", "cores", "curve_of", "default_dir",
+    "device_slug", "finished_records", "is_member", "lower_priority", "main", "make_plan", "measure", "mps_daemon",
+    "mps_decision", "mps_problem", "mps_running", "on_gpu", "parser", "plan_states", "progress", "rate_at",
+    "record_throughput", "refuse_if_taken", "restore_cell", "run", "run_cells", "settle_cell", "start", "starting",
+    "status", "status_text", "stop", "sweep_cells", "unfinished_state", "unpack", "write_curve", "write_pack",
 ]  # fmt: skip

@@ -14,6 +14,17 @@ from .plan import CampaignError, Cell
 AUTOGROUP = Path("/proc/self/autogroup")  # Linux's scheduling group of this detached process and its children, its nice
 
 
+def autogroup_nice() -> int | None:
+    """The nice value of the autogroup Linux schedules this process in, or None where none governs it: not Linux, or a
+    process in a cgroup with a CPU controller (a container's, a CI runner's), which Linux schedules by that cgroup; the
+    file then reads empty."""
+    try:
+        fields = AUTOGROUP.read_text().split()
+    except OSError:
+        return None
+    return int(fields[-1]) if fields else None
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -80,7 +91,7 @@ def lower_priority(nice: int) -> str:
     privileges; a campaign in the foreground, in the user's terminal's group, leaves that group alone."""
     raised = os.nice(max(0, nice - os.nice(0)))
     said = f"nice {raised}"
-    if os.getsid(0) == os.getpid() and AUTOGROUP.exists():
+    if os.getsid(0) == os.getpid() and autogroup_nice() is not None:
         try:
             AUTOGROUP.write_text(f"{nice}\n")
             said += f", its scheduling group at nice {nice}"
