@@ -1,11 +1,15 @@
 """Every registered attention trains in the LRA encoder, and every preset in conf/attention runs."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
+from tiny_listops import TINY
 
 import attention_zoo
 from lra import config
@@ -133,11 +137,30 @@ def test_every_registered_attention_has_a_preset():
     assert set(attention_zoo.available()) <= named
 
 
+@pytest.fixture(scope="module")
+def command_line_sweep(tmp_path_factory):
+    """``python -m lra.train -m attention=<every preset>`` on the tiny ListOps: one process for the sweep, as a user runs
+    it (a process per preset spends most of its time starting torch and Lightning); its output and every run's record,
+    by row."""
+    folder = tmp_path_factory.mktemp("every-preset")
+    env = {**os.environ, "LRA_DATA_DIR": str(folder / "data"), "LRA_OUTPUT_DIR": str(folder / "outputs")}
+    process = subprocess.run(
+        [sys.executable, "-m", "lra.train", "-m", f"attention={','.join(PRESETS)}", *TINY],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    records = [json.loads(path.read_text()) for path in (folder / "outputs").rglob("results.json")]
+    return process.stdout[-3000:] + process.stderr[-3000:], {record["row"]: record for record in records}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
-def test_training_from_the_command_line(name, tmp_path, run_train):
-    run_train(f"attention={name}")
-    (results,) = (tmp_path / "outputs").rglob("results.json")
-    record = json.loads(results.read_text())
+def test_training_from_the_command_line(name, command_line_sweep):
+    output, records = command_line_sweep
+    assert name in records, f"attention={name} left no record in the sweep:\n{output}"
+    record = records[name]
     assert record["status"] == "finished" and record["attention"] == load_preset(name)["name"]
     assert 0.0 <= record["test_acc"] <= 1.0
