@@ -11,13 +11,13 @@ from typing import Any
 
 from .plan import CampaignError, Cell
 
-AUTOGROUP = Path("/proc/self/autogroup")  # Linux's scheduling group of this detached process and its children, its nice
+AUTOGROUP = Path("/proc/self/autogroup")  # Linux's autogroup of this process's session (its scheduling group), its nice
 
 
 def autogroup_nice() -> int | None:
-    """The nice value of the autogroup Linux schedules this process in, or None where none governs it: not Linux, or a
-    process in a cgroup with a CPU controller (a container's, a CI runner's), which Linux schedules by that cgroup; the
-    file then reads empty."""
+    """The nice value of this process's autogroup, or None where it has none of its own: not Linux, or a process in
+    Linux's root autogroup (init's, and that of every process no ``setsid`` has moved, as in many containers and CI
+    runners), where the file reads empty."""
     try:
         fields = AUTOGROUP.read_text().split()
     except OSError:
@@ -88,7 +88,9 @@ def lower_priority(nice: int) -> str:
     Linux puts each detached group of processes in a scheduling group of its own (autogroup, on by default) and divides
     the CPU between groups before it looks at a process's niceness, so a detached campaign at nice 19 still takes half
     of the machine from the user's shell (docs/scale-out.md has the measurement). A group's value can be raised without
-    privileges; a campaign in the foreground, in the user's terminal's group, leaves that group alone."""
+    privileges; a campaign in the foreground, in the user's terminal's group, leaves that group alone. Autogroups divide
+    the CPU only within the root CPU cgroup: in a container with a cgroup of its own the group's value changes nothing,
+    and the processes' niceness is what counts."""
     raised = os.nice(max(0, nice - os.nice(0)))
     said = f"nice {raised}"
     if os.getsid(0) == os.getpid() and autogroup_nice() is not None:
