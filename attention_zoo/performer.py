@@ -280,7 +280,7 @@ class PerformerAttention(Attention):
             if interval == 1 or not torch.compiler.is_compiling():
                 self.count_training_call()
             else:
-                _count_training_call_outside_the_graph(self)
+                torch.compiler.disable(self.count_training_call)()
         return self.favor(q, k, v, mask)
 
     def count_training_call(self) -> None:
@@ -308,9 +308,6 @@ class PerformerAttention(Attention):
         numerator, denominator = out[..., :-1], out[..., -1:]  # phi(Q) phi(K)^T V, phi(Q) phi(K)^T 1
         denominator = denominator + 2 * eps * (denominator.abs() <= eps)  # the authors' guard against 0 / 0
         return numerator / denominator
-
-
-_count_training_call_outside_the_graph = torch.compiler.disable(PerformerAttention.count_training_call)
 
 
 register_preset(

@@ -56,10 +56,15 @@ def kernels() -> BuildReport:
     return report
 
 
-@torch.compiler.assume_constant_result  # fixed once the kernels are built: no graph break under torch.compile
 def has_kernel(device: torch.device) -> bool:
     report = kernels()
     return report.cuda.loaded if device.type == "cuda" else device.type == "cpu" and report.cpu.loaded
+
+
+# Fixed once the kernels are built: torch.compile takes the answer as a constant, with no graph break. This is what
+# torch.compiler.assume_constant_result sets, which would import Dynamo (1.4 s) into every command that imports
+# yoso_cuda, training or not; tests/lra/test_compile_rows.py finds a graph break if it stops working.
+has_kernel._dynamo_marked_constant = True
 
 
 def cuda_path(device: torch.device) -> bool:
