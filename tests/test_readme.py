@@ -267,7 +267,8 @@ DOCUMENTS = [
 
 
 def readme_commands(documents: list[str] = DOCUMENTS) -> list[str]:
-    """Every command of the bash blocks of the README and the docs, in order."""
+    """Every command of the bash blocks of the README and the docs, in order, each once: a command repeated on another
+    page (the campaign's start, lra.table's) runs where it first appears."""
     commands = []
     text = "\n".join((REPO / document).read_text() for document in documents)
     for body in re.findall(r"```bash\n(.*?)```", text, re.S):
@@ -275,7 +276,7 @@ def readme_commands(documents: list[str] = DOCUMENTS) -> list[str]:
             line = re.sub(r"\s+#.*$", "", line).strip()  # a trailing comment: "  # what it does"
             if line and not line.startswith("#"):
                 commands += [part.strip() for part in line.split("&&")]
-    return [re.sub(r"\s+", " ", command) for command in commands]
+    return list(dict.fromkeys(re.sub(r"\s+", " ", command) for command in commands))
 
 
 def rule_for(command: str) -> Rule | None:
