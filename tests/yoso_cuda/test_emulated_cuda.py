@@ -191,7 +191,9 @@ CUMULATIONS = [
     "lsh_collided_gradient",
     "lsh_lower_bound_gradients",
 ]
-GRID = [(case, dtype) for case in CASES for dtype in case.dtypes]
+# The sanitized build leaves bfloat16 to the plain one: its elements are as wide as float16's, so the kernels access
+# the same bytes, which is what the sanitizers check.
+GRID = [(case, dtype) for case in CASES for dtype in case.dtypes if not (SANITIZE and dtype == torch.bfloat16)]
 
 
 @pytest.mark.parametrize("op", CUMULATIONS)
