@@ -394,9 +394,9 @@ def test_a_campaign_finishes_over_short_jobs_killed_at_their_deadlines_as_one_un
     env = {**environment(reference), **hold_at_step.environment()}  # no step to hold at: one uninterrupted run
     command("lra.campaign", "start", "--foreground", "--parallel", "2", *REHEARSAL, cwd=reference, env=env)
 
-    first_files = job(tmp_path / "job1", environment, 60, 9, [], parallel="auto")[1]  # nothing measured: K = 2
+    first_files = job(tmp_path / "job1", environment, 45, 9, [], parallel="auto")[1]  # nothing measured: K = 2
     assert len(first_files) > 1 and all(path.stat().st_size <= 2**18 for path in first_files), "parts of 0.25 MiB"
-    said2, second_files = job(tmp_path / "job2", environment, 60, 17, first_files)
+    said2, second_files = job(tmp_path / "job2", environment, 45, 17, first_files)
     # Held at step 9 (17 in the second job) until the deadline's margin: there, unless the machine is too slow to reach
     # it in time, which must not fail the rehearsal, only shorten each job's share.
     restored2 = [int(step) for step in re.findall(r"restored at step (\d+)", said2)]
