@@ -9,6 +9,8 @@ recompile for padding.
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -152,3 +154,11 @@ def test_a_compiled_run_compiles_once_per_mode_and_once_for_the_last_partial_bat
     checkpoint = torch.load(record["best_checkpoint"], map_location="cpu", weights_only=True)
     assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
     LRAClassificationModule.load_from_checkpoint(record["best_checkpoint"])  # strict: the keys of an uncompiled model
+
+
+def test_the_commands_import_dynamo_only_to_compile():
+    """Dynamo takes 1.4 s to import: the commands that read configurations, tables and campaigns, and every attention,
+    import it only where a model compiles (Lightning imports it too, so a training run does)."""
+    probe = "import sys, attention_zoo, yoso_cuda, lra.train, lra.table, lra.campaign; print('torch._dynamo' in sys.modules)"
+    process = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert process.stdout.strip() == "False", process.stderr
