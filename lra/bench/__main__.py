@@ -4,19 +4,20 @@ YOSO's CUDA validation and the GPU benchmarks in one go (:mod:`lra.bench.gpu`); 
 authors' PyTorch LRA code (:mod:`lra.bench.authors`)."""
 
 import argparse
+import ast
+import importlib
+import importlib.util
 import sys
+from pathlib import Path
 
-from . import approx, authors, efficiency, gpu, kernels, pathfinder_cnn, step
+BENCHMARKS = ("kernels", "efficiency", "step", "approx", "gpu", "pathfinder_cnn", "authors")  # modules of lra.bench
 
-BENCHMARKS = {
-    "kernels": kernels,
-    "efficiency": efficiency,
-    "step": step,
-    "approx": approx,
-    "gpu": gpu,
-    "pathfinder_cnn": pathfinder_cnn,
-    "authors": authors,
-}
+
+def summary(benchmark: str) -> str:
+    """The first paragraph of the benchmark module's docstring, read without importing the module: the benchmarks
+    that train import Lightning and Dynamo (2 s), which ``--help`` and the other benchmarks do without."""
+    source = Path(importlib.util.find_spec(f"{__package__}.{benchmark}").origin).read_text()
+    return ast.get_docstring(ast.parse(source)).split("\n\n")[0].replace("\n", " ")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,15 +27,15 @@ def parser() -> argparse.ArgumentParser:
         epilog="Each benchmark's options: python -m lra.bench BENCHMARK --help",
     )
     commands = main.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, module in BENCHMARKS.items():
+    for name in BENCHMARKS:
         # The benchmark parses its own options; its first docstring line says what it measures.
-        commands.add_parser(name, help=module.__doc__.split("\n\n")[0].replace("\n", " "), add_help=False)
+        commands.add_parser(name, help=summary(name), add_help=False)
     return main
 
 
 def main(argv: list[str] | None = None) -> int:
     args, options = parser().parse_known_args(argv)
-    return BENCHMARKS[args.benchmark].main(options)
+    return importlib.import_module(f"{__package__}.{args.benchmark}").main(options)
 
 
 if __name__ == "__main__":
