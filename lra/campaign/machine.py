@@ -11,7 +11,7 @@ from typing import Any
 
 from .plan import CampaignError, Cell
 
-AUTOGROUP = Path("/proc/self/autogroup")  # Linux's autogroup of this process's session (its scheduling group), its nice
+AUTOGROUP = Path("/proc/self/autogroup")  # Linux's autogroup of this process (its scheduling group, one per setsid), its nice
 
 
 def autogroup_nice() -> int | None:
