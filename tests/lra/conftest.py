@@ -31,3 +31,29 @@ def run_train(tmp_path):
         return process
 
     return run
+
+
+@pytest.fixture
+def refuse_train(tmp_path, monkeypatch, capsys):
+    """``python -m lra.train`` run in this process as far as its command line's own checks (``lra.train.cli``), which
+    refuse a bad override before Hydra starts; its exit status and what it printed on stderr. A command they let
+    through fails the test rather than train here. (The commands that reach Hydra run in a process of their own,
+    :func:`run_train`; a process per refusal spent 3 s starting.)"""
+    from lra import train
+
+    def reached_hydra():
+        raise AssertionError("the command line's checks let the command through to Hydra")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(train, "main", reached_hydra)
+
+    def refuse(*extra, flags=()):
+        monkeypatch.setattr(sys, "argv", ["lra.train", *flags, *TINY, *extra])
+        with pytest.raises(SystemExit) as exit:
+            train.cli()
+        return exit.value.code, capsys.readouterr().err
+
+    return refuse
