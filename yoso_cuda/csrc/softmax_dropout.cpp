@@ -20,8 +20,13 @@
 // the same function densely; it is the tests' oracle. Every head row is computed by one thread in a
 // fixed order: results are bitwise the same on any number of threads.
 
-#include <ATen/ATen.h>
+// The headers of the operators used, not ATen/ATen.h (every operator): a third less to compile. The macro makes an
+// include of ATen/ATen.h here an error.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include "simd.h"
