@@ -5,6 +5,22 @@ import sys
 import pytest
 from tiny_listops import TINY
 
+# The presets whose test_training_from_the_command_line runs here, after -k and -m: the sweep of
+# test_every_attention_trains.py trains those only.
+COMMAND_LINE_PRESETS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(trylast=True)  # after the deselection by -k and -m
+def pytest_collection_modifyitems(config, items):
+    config.stash[COMMAND_LINE_PRESETS] = [
+        item.callspec.params["name"] for item in items if item.originalname == "test_training_from_the_command_line"
+    ]
+
+
+@pytest.fixture(scope="module")
+def command_line_presets(request):
+    return request.config.stash[COMMAND_LINE_PRESETS]
+
 
 @pytest.fixture
 def tiny_overrides():

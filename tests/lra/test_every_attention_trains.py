@@ -138,20 +138,15 @@ def test_every_registered_attention_has_a_preset():
 
 
 @pytest.fixture(scope="module")
-def command_line_sweep(request, tmp_path_factory):
+def command_line_sweep(command_line_presets, tmp_path_factory):
     """``python -m lra.train -m attention=<every preset>`` on the tiny ListOps: one process for the sweep, as a user runs
     it (a process per preset spends most of its time starting torch and Lightning); its output and every run's record,
     by row. Only the presets whose test runs are swept: ``-k my_attention`` (the add-an-attention contract run) trains
     that one, not all 21."""
-    selected = [
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.originalname == "test_training_from_the_command_line" and hasattr(item, "callspec")
-    ]
     folder = tmp_path_factory.mktemp("every-preset")
     env = {**os.environ, "LRA_DATA_DIR": str(folder / "data"), "LRA_OUTPUT_DIR": str(folder / "outputs")}
     process = subprocess.run(
-        [sys.executable, "-m", "lra.train", "-m", f"attention={','.join(selected)}", *TINY],
+        [sys.executable, "-m", "lra.train", "-m", f"attention={','.join(command_line_presets)}", *TINY],
         cwd=folder,
         env=env,
         capture_output=True,
