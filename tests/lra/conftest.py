@@ -68,8 +68,8 @@ def refuse_train(tmp_path, monkeypatch, capsys):
 
     def refuse(*extra, flags=()):
         monkeypatch.setattr(sys, "argv", ["lra.train", *flags, *TINY, *extra])
-        with pytest.raises(SystemExit) as exit:
+        with pytest.raises(SystemExit) as exited:
             train.cli()
-        return exit.value.code, capsys.readouterr().err
+        return exited.value.code, capsys.readouterr().err
 
     return refuse
