@@ -209,7 +209,7 @@ class RunRecord:
     git_commit: str | None = None
     torch_version: str | None = None
     lightning_version: str | None = None
-    started_at: str | None = None
+    started_at: str | None = None  # a resumed run's: its first piece's (lra.run.goes_on)
     status: str | None = None  # running, finished, failed or interrupted
     stage: str | None = None  # PRETRAINING for a pretraining run; a classification run has none
     protocol: dict[str, Any] | None = None
@@ -246,7 +246,7 @@ class RunRecord:
     compile_backend: str | None = None
     compile_mode: str | None = None  # trainer.compile_mode: Inductor's mode (reduce-overhead: CUDA graphs), None for its default
     error: str | None = None
-    wall_time_s: float | None = None
+    wall_time_s: float | None = None  # seconds its processes ran, a resumed run's pieces summed (lra.run.goes_on)
     finished_at: str | None = None
     non_finite: dict[str, str] | None = None  # a measured number that was NaN or infinite (JSON has none): null, and here
     nulls: set[str] = field(default_factory=set, repr=False, compare=False)  # the keys recorded as null

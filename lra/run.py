@@ -212,6 +212,7 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
     resume_from = resumable(last_checkpoint(cfg), output_dir / results.RESULTS_FILE, record)
     if resume_from is not None:
         record.resumed_from = str(resume_from)
+        goes_on(record, results.read(output_dir / results.RESULTS_FILE))
         log.info("Resuming the interrupted run from %s", resume_from)
     world_size = config.processes(cfg.trainer)
     if cfg.task.protocol.batch_size % world_size:
@@ -220,6 +221,15 @@ def prepare(cfg: DictConfig, record: RunRecord, output_dir: Path) -> tuple[Path 
             "the protocol's batch is the total over all devices"
         )
     return resume_from, world_size
+
+
+def goes_on(record: RunRecord, previous: RunRecord | None) -> None:
+    """A resumed run is one run in several pieces (a campaign carries one from machine to machine): its record keeps
+    the first piece's ``started_at`` and counts in ``wall_time_s`` the time of the pieces before, which
+    :func:`recorded` adds this piece's to. A piece killed before it could write its record (``kill -9``) is not
+    counted."""
+    if previous is not None:
+        record.update(started_at=previous.started_at or record.started_at, wall_time_s=previous.wall_time_s)
 
 
 def resumable(last: Path, record_path: Path, record: RunRecord) -> Path | None:
@@ -298,7 +308,8 @@ def recorded(
             log.error("Interrupted: running the same command again resumes from %s", last_checkpoint(cfg))
         raise
     finally:
-        record.update(wall_time_s=round(time.perf_counter() - start, 1), finished_at=results.now())
+        earlier_pieces = record.wall_time_s or 0.0  # a resumed run's time before this piece (goes_on)
+        record.update(wall_time_s=round(earlier_pieces + time.perf_counter() - start, 1), finished_at=results.now())
         if record.status != "running" and not earlier.put_back:
             try:
                 write()

@@ -273,6 +273,7 @@ def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, ear
     if earlier is not None:
         previous = new_record(cfg, None, results.CLASSIFICATION)
         previous.config_hash = record.config_hash if earlier == "same" else "0" * len(record.config_hash)
+        previous.update(started_at="2026-01-02T03:04:05+00:00", wall_time_s=1234.5)
         previous.write(tmp_path / results.RESULTS_FILE)
     if checkpoint:
         last_checkpoint(cfg).parent.mkdir(parents=True)
@@ -281,6 +282,9 @@ def test_a_run_resumes_only_its_own_configurations_last_checkpoint(tmp_path, ear
     assert world_size == 1
     assert resume_from == (last_checkpoint(cfg) if resumes else None)
     assert record.resumed_from == (str(last_checkpoint(cfg)) if resumes else None)
+    # One run in pieces: a resumed one starts when its first piece started and counts the time that piece ran.
+    assert (record.started_at == "2026-01-02T03:04:05+00:00") == resumes
+    assert record.wall_time_s == (1234.5 if resumes else None)
 
 
 def test_a_damaged_last_checkpoint_is_named_with_the_fix_before_training(tmp_path):
@@ -573,10 +577,15 @@ def test_an_interrupted_run_keeps_every_step_it_reached(tmp_path, tiny_overrides
     assert 25 <= reached < 100
     assert interrupted["steps"] == reached and "error" not in interrupted, "an interruption, with its step, not a failure"
 
+    began = time.monotonic()
     resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    resumed_seconds = time.monotonic() - began
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     record = json.loads(path.read_text())
     assert record["status"] == "finished" and record["steps"] == 100 and record["resumed_from"].endswith("last.ckpt")
+    assert record["started_at"] == interrupted["started_at"], "one run in two pieces: it started with the first"
+    second_piece = record["wall_time_s"] - interrupted["wall_time_s"]
+    assert 0 < second_piece <= resumed_seconds, "its wall time counts both pieces"
     metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
     assert metrics.dropna(subset=["val/acc"])["step"].tolist() == [25, 50, 75, 100]
 
