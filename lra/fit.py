@@ -84,11 +84,11 @@ def instantiate(node: DictConfig, what: str, **kwargs: Any) -> Any:
 HARNESS_SETTINGS = ("compile", "compile_mode")  # trainer.* settings of the harness's, not Trainer arguments
 
 
-def trainer_arguments(cfg: DictConfig) -> tuple[dict[str, Any], str | None, str | None]:
+def trainer_arguments(cfg: DictConfig, row: str | None = None) -> tuple[dict[str, Any], str | None, str | None]:
     """The Trainer's arguments from ``conf/trainer``, the ``torch.compile`` backend, if any, and its mode, if any:
     ``trainer.compile`` and ``trainer.compile_mode`` are the harness's (:func:`lra.module.compile_model`), not Trainer
-    arguments."""
-    compile_with = compile_backend(cfg.trainer.get("compile", False))
+    arguments. ``row``: the table row the run is a cell of, which ``trainer.compile=auto`` decides by."""
+    compile_with = compile_backend(cfg.trainer.get("compile", False), row, cfg.trainer.get("accelerator"))
     mode = compile_mode(cfg.trainer.get("compile_mode"), compile_with)
     arguments = {key: value for key, value in cfg.trainer.items() if key not in HARNESS_SETTINGS}
     if compile_with is not None:
@@ -212,13 +212,15 @@ def fit_and_test(
     stage: str = CLASSIFICATION,
     init_from: Path | None = None,
     config_hash: str | None = None,
+    row: str | None = None,
 ) -> dict[str, Any]:
     """Train ``stage``'s model (from ``resume_from`` if given; the classifier's encoder from the pretraining checkpoint
     ``init_from``), test its best-validation checkpoint; return the :class:`lra.results.RunRecord` keys it measured
     (none on a distributed run's ranks other than 0, which do not test). ``headline`` is logged with the parameter count.
-    ``config_hash`` (the record's) stamps every checkpoint (:class:`lra.callbacks.RunIdentity`).
+    ``config_hash`` (the record's) stamps every checkpoint (:class:`lra.callbacks.RunIdentity`); ``row`` (the record's)
+    is what ``trainer.compile=auto`` decides by.
     """
-    arguments, compile_with, mode = trainer_arguments(cfg)
+    arguments, compile_with, mode = trainer_arguments(cfg, row)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg, world_size)
     module = build_module(cfg, stage, init_from)

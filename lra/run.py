@@ -397,7 +397,15 @@ def run_stage(cfg: DictConfig, output_dir: Path, row: str | None, stage: str, pr
         protocol = cfg.task.protocol
         headline = f"{cell}: {protocol.max_steps} steps of batch {protocol.batch_size} (protocol {protocol.name}) -> {output_dir}"
         trained = fit_and_test(
-            cfg, output_dir, resume_from, world_size, headline, stage=stage, init_from=init_from, config_hash=record.config_hash
+            cfg,
+            output_dir,
+            resume_from,
+            world_size,
+            headline,
+            stage=stage,
+            init_from=init_from,
+            config_hash=record.config_hash,
+            row=record.row,
         )
         record.update(**trained)
         record.status = "finished"

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf, open_dict
 
 import attention_zoo
 from lra import config, results
-from lra.module import LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model
+from lra.module import FASTER_COMPILED, LRAClassificationModule, LRAMaskedLMModule, compile_backend, compile_model
 from lra.results import defining_config
 
 SEQ_LEN, BATCH = 64, 2
@@ -112,9 +112,57 @@ def test_the_compile_setting():
     assert compile_backend(False) is None
     assert compile_backend(True) == "inductor"
     assert compile_backend("aot_eager") == "aot_eager"
+    for accelerator, rows in FASTER_COMPILED.items():  # auto: Inductor for the rows measured faster compiled there
+        assert all(compile_backend("auto", row, accelerator) == "inductor" for row in rows)
+    assert compile_backend("auto", "yoso_e", "cpu") == "inductor"
+    assert compile_backend("auto", "yoso_32", "cpu") is None  # measured slower compiled
+    assert compile_backend("auto", "yoso_e", "gpu") is None  # nothing measured there yet
+    assert compile_backend("auto") is None
     for bad in ("maybe", 1, None):
-        with pytest.raises(ValueError, match=r"trainer.compile must be true .*, false, or the name of a torch.compile backend"):
+        with pytest.raises(ValueError, match=r"trainer.compile must be true .*, false, auto .*, or the name of a torch.compile"):
             compile_backend(bad)
+
+
+@pytest.mark.parametrize(
+    "overrides, row, backend",
+    [
+        (["attention=yoso_e"], "yoso_e", "inductor"),
+        (["attention=reformer"], "reformer", "inductor"),
+        (["attention=yoso_32"], "yoso_32", None),
+        (["attention=yoso_e", "trainer=gpu"], "yoso_e", None),
+        (["attention=yoso_e", "trainer.compile=false"], "yoso_e", None),
+        (["attention=yoso_32", "trainer.compile=true"], "yoso_32", "inductor"),
+        (["attention=yoso_e", "task=pathfinder"], "yoso_e", None),
+    ],
+    ids=["yoso_e", "reformer", "yoso_32-slower", "on-a-gpu", "false-given", "true-given", "pathfinder"],
+)
+def test_table3s_listops_compiles_the_rows_measured_faster_compiled(overrides, row, backend):
+    """experiment=table3 task=listops sets trainer.compile=auto (conf/experiment_per_task/table3/listops.yaml): on a
+    CPU, the rows of lra.module.FASTER_COMPILED compile, the others stay eager; the command line decides over it."""
+    from lra.fit import trainer_arguments
+
+    cfg = config.compose(["experiment=table3", "task=listops", *overrides])
+    assert trainer_arguments(cfg, row)[1] == backend
+
+
+def test_a_run_decides_trainer_compile_auto_by_its_own_row(tmp_path, monkeypatch):
+    """lra.run hands the run's row to the training (lra.fit.fit_and_test), which trainer.compile=auto decides by. The
+    run stops where the decision is made, before any data or model is built."""
+    from lra import fit, run
+
+    decided = []
+
+    def decide_and_stop(cfg, row=None):
+        decided.append((row, fit.compile_backend(cfg.trainer.compile, row, cfg.trainer.accelerator)))
+        raise RuntimeError("stopped where trainer.compile=auto is decided")
+
+    monkeypatch.setattr(fit, "trainer_arguments", decide_and_stop)
+    cfg = config.compose(
+        ["experiment=table3", "task=listops", "attention=none", f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]
+    )
+    with pytest.raises(run.RunFailed, match="stopped where trainer.compile=auto is decided"):
+        run.train(cfg, tmp_path, row="none")
+    assert decided == [("none", "inductor")]
 
 
 def test_compiling_changes_neither_the_runs_folder_nor_its_identity():
