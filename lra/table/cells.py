@@ -110,6 +110,7 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
                 "steps_per_s": record.steps_per_second if finished else None,
                 "peak_memory_mb": record.peak_memory_mb if finished else None,
                 "others_load_per_cpu": others_load_per_cpu(record.machine_load) if finished else None,
+                "compiled": bool(record.compiled) if finished else None,  # its steps/s is a compiled step's
                 "device": (record.device or NOT_RECORDED) if finished else None,
                 "adjusted": record.adjusted or {},
                 "model": config.get("model"),  # none in the record of a run refused before its configuration
@@ -189,6 +190,7 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
         steps_per_s=("steps_per_s", "mean"),
         peak_memory_mb=("peak_memory_mb", "mean"),
         others_load_per_cpu=("others_load_per_cpu", "max"),
+        compiled=("compiled", lambda compiled: bool(compiled.fillna(False).any())),
         devices=("device", lambda devices: " + ".join(sorted(set(devices)))),
         config_hashes=("config_hash", list),
     )

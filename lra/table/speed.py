@@ -6,7 +6,8 @@ A point per row of the first section that has them (:func:`points`): its mean te
 where it has a cell, the mean of its cells' training steps per second (:class:`lra.callbacks.TrainingSpeed`: the
 training steps alone, evaluations excluded) and of their peak memory (:func:`lra.devices.peak_memory_mb`). The speed
 and memory are those of the machines the runs trained on: the section's description names them, and only points of
-one machine compare.
+one machine compare. A row that trained compiled (``trainer.compile``) says so beside its name: its speed is a compiled
+step's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Point:
     accuracy: float  # mean test accuracy (%) over the row's cells
     steps_per_s: float
     peak_memory_mb: float
+    compiled: bool  # one of its cells' runs trained compiled: its speed is a compiled step's
 
 
 def points(section: Section) -> list[Point]:
@@ -41,6 +43,7 @@ def points(section: Section) -> list[Point]:
                     float(cells["mean"].mean()),
                     float(measured["steps_per_s"].mean()),
                     float(measured["peak_memory_mb"].mean()),
+                    bool(measured["compiled"].any()),
                 )
             )
     return found
@@ -58,7 +61,8 @@ def figure(table: Table, path: Path) -> bool:
         ax.scatter(
             point.steps_per_s, point.accuracy, s=40 + 1200 * point.peak_memory_mb / largest, color=colour(point.row), alpha=0.55
         )
-        ax.annotate(row_label(point.row, section.published), (point.steps_per_s, point.accuracy), fontsize=7, ha="center")
+        label = row_label(point.row, section.published) + (" (compiled)" if point.compiled else "")
+        ax.annotate(label, (point.steps_per_s, point.accuracy), fontsize=7, ha="center")
     if max(p.steps_per_s for p in shown) > 4 * min(p.steps_per_s for p in shown):
         ax.set_xscale("log")
     devices = sorted(set(" + ".join(section.cells["devices"]).split(" + ")))

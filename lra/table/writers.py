@@ -53,10 +53,11 @@ class Style:
     full_protocol: str  # marks the paper's column where its protocol is not the section's
     geq: str
     loaded: str  # marks a training rate measured under load (LOADED)
+    compiled: str  # marks a training rate of a compiled run (trainer.compile)
 
 
-MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡", "≥", "§")
-LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$", "$\\geq$", "\\S")
+MARKDOWN = Style(("**", "**"), "±", "†", ("`", "`"), "ρ", "‡", "≥", "§", "ᶜ")
+LATEX = Style(("\\textbf{", "}"), "$\\pm$", "\\dag", ("\\texttt{", "}"), "$\\rho$", "$^\\ddagger$", "$\\geq$", "\\S", "$^c$")
 RHO_ROW = "Spearman's {rho} with the paper"
 SIDE_ROW = "ListOps: on the paper's side"
 
@@ -110,9 +111,17 @@ def under_load(section: Section, row: str, task: str) -> bool:
     return cell is not None and bool(cell["others_load_per_cpu"] > LOADED)
 
 
+def compiled(section: Section, row: str, task: str) -> bool:
+    """Whether one of a cell's runs trained compiled (``trainer.compile``): its rate is then a compiled step's."""
+    cell = section.cell(row, task)
+    return cell is not None and bool(cell["compiled"])
+
+
 def steps_text(section: Section, row: str, task: str, style: Style) -> str:
-    """A cell's training steps per second, marked where one of its runs was timed under load (:data:`LOADED`)."""
-    return cell_mean_text(section, row, task, "steps_per_s", 2) + (style.loaded if under_load(section, row, task) else "")
+    """A cell's training steps per second, marked where one of its runs trained compiled and where one was timed under
+    load (:data:`LOADED`)."""
+    marks = (style.compiled if compiled(section, row, task) else "") + (style.loaded if under_load(section, row, task) else "")
+    return cell_mean_text(section, row, task, "steps_per_s", 2) + marks
 
 
 def section_frame(section: Section, style: Style, speed: bool = False) -> pd.DataFrame:
@@ -192,7 +201,9 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
             f"runs: compare them only between runs of one machine. {MARKDOWN.loaded}: timed "
             f"under load, other work keeping more than {LOADED:g} threads per CPU running beside a run of the cell (the "
             "load average beyond the run's own threads, where its timing started or ended): slower than alone. A run "
-            "recorded without the machine's load is not marked."
+            "recorded without the machine's load is not marked. "
+            f"{MARKDOWN.compiled}: trained compiled (`trainer.compile`), the others eager: a rate of the implementation as much "
+            "as of the attention."
         )
     return lines
 
@@ -327,7 +338,7 @@ def precision_pair_lines(pair: PrecisionPair) -> list[str]:
 CELL_COLUMNS = [
     "section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean", "std", "standard_error", "best",
     "paper", "paper_protocol", "difference", "papers_side", "data_source", "accuracies", "steps_per_s", "peak_memory_mb",
-    "devices",
+    "compiled", "devices",
 ]  # fmt: skip
 
 

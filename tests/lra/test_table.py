@@ -18,6 +18,7 @@ import pytest
 
 from lra import paper, run_lock, table
 from lra.results import RunRecord, recomputed_config_hash
+from lra.table import speed
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = dict(
@@ -619,6 +620,21 @@ def test_speed_marks_a_rate_timed_under_load():
     assert f"§: timed under load, other work keeping more than {table.LOADED:g} threads per CPU running" in text
     tex = table.latex(table.build(records, rows=table.ALL_ROWS, speed=True))
     assert "0.67\\S" in tex and "13.00\\S" not in tex
+
+
+def test_speed_marks_a_rate_of_a_compiled_run(tmp_path):
+    """trainer.compile=auto trains some rows compiled and others eager: their rates stand side by side only marked."""
+    records = [
+        record("none", "listops", 0, 0.17, steps_per_second=1.3, compiled=True, peak_memory_mb=500.0),
+        record("yoso_32", "listops", 0, 0.3, steps_per_second=0.9, compiled=False, peak_memory_mb=800.0),
+    ]
+    result = table.build(records, rows=table.ALL_ROWS, speed=True)
+    text = table.markdown(result, "test records")
+    assert "| none | 17.00 ± 1.19† | 19.20 | 1.30ᶜ |" in text and "| yoso-32 | **30.00 ± 1.45**† | 37.25 | 0.90 |" in text
+    assert "ᶜ: trained compiled (`trainer.compile`), the others eager" in text
+    assert "1.30$^c$" in table.latex(result) and "0.90$^c$" not in table.latex(result)
+    assert table.cells_frame(result).set_index("row")["compiled"].to_dict() == {"none": True, "yoso_32": False}
+    assert [(p.row, p.compiled) for p in speed.points(result.sections[0])] == [("none", True), ("yoso_32", False)]
 
 
 def test_a_lone_shortened_run_names_its_budget_and_sections_follow_the_numbers():
