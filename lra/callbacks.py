@@ -138,7 +138,8 @@ def timed_machine_load(callbacks: Iterable[Callback]) -> dict[str, float] | None
 
 
 class EvaluationLog(Callback):
-    """Each evaluation's result into train.log, as it happens (the console has the progress bar)."""
+    """Each evaluation's result into train.log, as it happens (the console has the progress bar); ``lra.campaign
+    status`` reads a running cell's pace from these lines (:data:`lra.campaign.state.EVALUATION_LINE`)."""
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -111,7 +111,9 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
     start_arguments(with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background")))
     with_dir(commands.add_parser("run", help="what start runs in the background: the planned campaign, in this process"))
-    look = with_dir(commands.add_parser("status", help="each cell: finished, committed, running (step), failed, pending"))
+    look = with_dir(
+        commands.add_parser("status", help="each cell: finished, committed, running (step, pace, time left), failed, pending")
+    )
     look.add_argument("--wait", type=float, default=None, metavar="S", help="first wait up to S seconds for the campaign to end")
     look.add_argument("--every", type=float, default=60, metavar="S", help="while waiting, a line of counts every S seconds")
     halt = with_dir(commands.add_parser("stop", help="interrupt the campaign: running cells save their checkpoint"))

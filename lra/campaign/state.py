@@ -1,11 +1,15 @@
-"""Where each of a campaign's cells stands: finished, committed, running (its step), diverged, failed, interrupted or
-pending, read from the files its run and the campaign leave (records, locks, metrics, the cells' exit files)."""
+"""Where each of a campaign's cells stands: finished, committed, running (its step and pace), diverged, failed,
+interrupted or pending, read from the files its run and the campaign leave (records, locks, metrics, train.log, the
+cells' exit files)."""
 
 from __future__ import annotations
 
 import csv
+import re
 import socket
+import statistics
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .. import checkpoints, results, run_lock
@@ -13,6 +17,11 @@ from ..finished import finished_runs, record_paths
 from .plan import CELLS, LOG_FILE, Cell, Plan
 
 STATES = ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
+
+# An evaluation's line in a run's train.log: lra.callbacks.EvaluationLog's message in the file format of
+# conf/hydra/job_logging/lra.yaml.
+EVALUATION_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]\[lra\.train\.file\]\[INFO\] - step (\d+): ")
+PACE_INTERVALS = 10  # a running cell's pace: the median over this many of its latest intervals between evaluations
 
 
 def finished_records(cells: list[Cell], output_dir: Path, runs_dir: Path) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -38,6 +47,37 @@ def progress(folder: Path) -> tuple[int | None, float | None]:
     except (OSError, ValueError):
         pass
     return step, val
+
+
+def evaluation_times(train_log: Path) -> list[tuple[datetime, int]]:
+    """When each evaluation in a run's train.log was logged, and at which step, in the file's order (a resumed run
+    appends to it); empty where there is no file."""
+    try:
+        lines = train_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    matches = (EVALUATION_LINE.match(line) for line in lines)
+    return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f"), int(m[2])) for m in matches if m]
+
+
+def pace(train_log: Path) -> float | None:
+    """A run's training steps per second at the pace of its latest evaluations, evaluations included: the median rate
+    over the last ``PACE_INTERVALS`` intervals between consecutive evaluations, so that the hours a carried run spent
+    stopped between two machines do not count. None before its second evaluation."""
+    times = evaluation_times(train_log)[-(PACE_INTERVALS + 1) :]
+    rates = [
+        (step - earlier_step) / (time - earlier).total_seconds()
+        for (earlier, earlier_step), (time, step) in zip(times, times[1:])
+        if step > earlier_step and time > earlier
+    ]
+    return statistics.median(rates) if rates else None
+
+
+def pace_text(steps_per_second: float, steps_left: int) -> str:
+    """``41 steps/min, about 1.6 h to its last step``."""
+    left = steps_left / steps_per_second
+    duration = f"{left / 3600:.1f} h" if left >= 3600 else f"{max(1, round(left / 60))} min"
+    return f"{steps_per_second * 60:.3g} steps/min, about {duration} to its last step"
 
 
 def saved_step(folder: Path) -> int | None:
@@ -88,6 +128,8 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
     if cell.config_hash in committed:
         return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}")
     if holder:
+        if (rate := pace(folder / "train.log")) is not None:
+            steps += ", " + pace_text(rate, cell.max_steps - (step or 0))
         return CellState(cell, "running", f"{steps} ({holder})")
     if record and record.status == "diverged":
         # Its settings make it diverge: run again, it would again. Not run, and its record goes on from job to job.

@@ -146,6 +146,31 @@ def test_status_shows_a_running_cells_step_from_its_metrics(tmp_path):
     assert state.status == "running" and state.detail.startswith("step 100/5000, val acc 0.2500 (pid ")
 
 
+def test_status_gives_a_running_cells_pace_from_its_latest_evaluations_not_the_hours_it_was_stopped(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "metrics" / "metrics.csv").write_text("epoch,step,val/acc\n0,200,0.25\n")
+    evaluation = "[2026-12-05 {}][lra.train.file][INFO] - step {}: val/acc 0.2000, val/loss 2.2000"
+    (folder / "train.log").write_text(
+        "\n".join(
+            [
+                evaluation.format("09:00:00,000", 50),
+                evaluation.format("09:02:00,000", 100),
+                "[2026-12-05 09:02:01,000][lra.train][INFO] - Not an evaluation, step 999: val/acc 0.9",
+                evaluation.format("14:00:00,000", 150),  # carried to another machine for five hours
+                evaluation.format("14:02:00,000", 200),
+            ]
+        )
+    )
+    cell = Cell(0, "listops / softmax / seed 0", ["attention=softmax"], str(folder), "abc", "listops", 5000, 0)
+    (tmp_path / "c" / campaign.CELLS).mkdir(parents=True)
+    with run_lock.held(folder):
+        (state,) = campaign.cell_states(tmp_path / "c", [cell], tmp_path / "out", tmp_path / "runs")
+    # 50 steps in 2 minutes, twice; 4800 steps left at 25 a minute
+    assert state.detail.startswith("step 200/5000, val acc 0.2500, 25 steps/min, about 3.2 h to its last step (pid ")
+    assert campaign.state.pace_text(0.5, 600) == "30 steps/min, about 20 min to its last step"
+
+
 @pytest.fixture
 def environment(tmp_path):
     def env(root: Path) -> dict[str, str]:

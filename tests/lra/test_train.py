@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lra import config, run_lock
+from lra.campaign.state import evaluation_times
 
 RESULT_KEYS = {
     "task",
@@ -480,6 +481,7 @@ def test_the_console_shows_what_a_user_needs_and_train_log_has_the_run(tmp_path,
     train_log = (path.parent / "train.log").read_text()
     assert "Generating ListOps" in train_log and "Prepared listops" in train_log
     assert "step 3: val/acc" in train_log and "step 6: val/acc" in train_log
+    assert [step for _, step in evaluation_times(path.parent / "train.log")] == [3, 6]  # lra.campaign status reads them
     assert "test acc" in train_log
     # metrics.csv numbers the evaluations as train.log and the progress bar do (issue 40: it said 2 and 5)
     metrics = pd.read_csv(path.parent / "metrics" / "metrics.csv")
