@@ -128,7 +128,7 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
     if cell.config_hash in committed:
         return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}")
     if holder:
-        if (rate := pace(folder / "train.log")) is not None:
+        if (step or 0) < cell.max_steps and (rate := pace(folder / "train.log")) is not None:  # else it is testing
             steps += ", " + pace_text(rate, cell.max_steps - (step or 0))
         return CellState(cell, "running", f"{steps} ({holder})")
     if record and record.status == "diverged":

@@ -169,6 +169,10 @@ def test_status_gives_a_running_cells_pace_from_its_latest_evaluations_not_the_h
     # 50 steps in 2 minutes, twice; 4800 steps left at 25 a minute
     assert state.detail.startswith("step 200/5000, val acc 0.2500, 25 steps/min, about 3.2 h to its last step (pid ")
     assert campaign.state.pace_text(0.5, 600) == "30 steps/min, about 20 min to its last step"
+    (folder / "metrics" / "metrics.csv").write_text("epoch,step,val/acc\n0,5000,0.25\n")  # trained: now its test
+    with run_lock.held(folder):
+        (state,) = campaign.cell_states(tmp_path / "c", [cell], tmp_path / "out", tmp_path / "runs")
+    assert state.detail.startswith("step 5000/5000, val acc 0.2500 (pid ")
 
 
 @pytest.fixture
