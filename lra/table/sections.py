@@ -173,12 +173,15 @@ def paper_setup(task: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     return OmegaConf.to_container(cfg.task.protocol), OmegaConf.to_container(cfg.model)
 
 
-def not_paper_because(runs: pd.DataFrame) -> str:
-    """What in one section's runs differs from the paper's protocol and model (:func:`paper_setup`); "" where nothing
-    does. Only such a section's cells are compared with the paper's as equals (the difference, the paper column
-    unmarked); in every other section the paper's number is a reference under its full protocol."""
+def not_paper_because(runs: pd.DataFrame, published: PaperTable) -> str:
+    """What in one section's runs differs from the protocol and model of the paper ``published`` (its
+    :attr:`~lra.paper.PaperTable.protocol` as :func:`paper_setup` composes it); "" where nothing does. Only such a
+    section's cells are compared with the paper's as equals (the difference, the paper column unmarked); in every other
+    section the paper's number is a reference under its own protocol."""
     protocol = runs["protocol"].iloc[0]
-    if protocol != "paper":
+    if published.protocol is None:
+        return f"{published.title} ran a protocol of its own"
+    if protocol != published.protocol:
         return f"protocol.name={protocol}"
     differ = set()
     for task, fields, model in zip(runs["task"], runs["protocol_fields"], runs["model"]):
@@ -374,7 +377,7 @@ def build(
         Section(
             title=title,
             protocol=runs_of["protocol"].iloc[0],
-            not_paper_because=not_paper_because(runs_of),
+            not_paper_because=not_paper_because(runs_of, published),
             cells=cells.xs(title, level="section"),
             published=published,
             order=order,

@@ -198,6 +198,14 @@ def test_the_papers_number_beside_every_section_marked_where_its_protocol_is_not
     # LaTeX: the paper's number beside ours, marked the same way.
     assert "\\multicolumn{2}{c}{ListOps}" in table.latex(smoke) and "paper$^\\ddagger$" in table.latex(smoke)
     assert "30.00 $\\pm$ 1.45\\dag & 37.10 &" in table.latex(smoke)
+    # LRA Table 1 ran a protocol of its own: beside our `paper` protocol (the YOSO paper's) its numbers are a
+    # reference, marked, with no difference.
+    lra = table.build([paper_record("linformer", "listops", 0, 0.3455)], published=paper.LRA_TABLE1)
+    assert not lra.sections[0].paper_protocol
+    text = table.markdown(lra, "test records")
+    assert "Protocol `paper`; LRA Table 1 ran a protocol of its own: the paper‡ column" in text
+    assert "| Linformer | 34.55 ± 1.50 | 35.70 |" in text and "| model | ListOps | paper‡ |" in text
+    assert "under LRA's own protocol" in text and pd.isna(table.cells_frame(lra).loc[0, "difference"])
 
 
 def test_tasks_without_runs_keep_their_columns_and_say_how_to_get_their_data():
