@@ -3,8 +3,9 @@
     python -m lra.table                              # every row with finished runs: outputs/comparison.{md,csv,tex,png}
     python -m lra.table --rows softmax,yoso_32 --speed   # these rows, in this order, with steps/s and peak memory
     python -m lra.table --paper table3               # Table 3 as the YOSO paper prints it: outputs/table3.*
-    python -m lra.table --collect --paper table3     # commit the finished runs to results/runs/, write results/table3.*
-    python -m lra.table --committed --protocol spt_short --name spt   # results/spt.* from the committed records
+    python -m lra.table --collect                    # commit the finished runs to results/runs/, remake results/*
+    python -m lra.table --committed                  # remake the committed tables (COMMITTED_TABLES) from results/runs/
+    python -m lra.table --committed --protocol spt_short --name spt   # results/spt.* alone from the committed records
 
 The records become a table in four stages, a module each, each rule beside the code that applies it:
 :mod:`~lra.table.records` finds and reads the run records (and commits them: ``--collect``),
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from ..paper import TABLE3, TABLES
@@ -30,6 +32,7 @@ from .writers import LOADED, agreement_frame, cells_frame, figure, latex, markdo
 
 __all__ = [
     "ALL_ROWS",
+    "COMMITTED_TABLES",
     "LISTOPS_SPLIT",
     "LOADED",
     "PAPER_ROWS",
@@ -62,6 +65,17 @@ __all__ = [
     "spearman",
     "write_all",
 ]
+
+
+# The tables committed in results/, as their command lines. `--collect` and `--committed` without a choice of table
+# remake them all, so that no committed table disagrees with the committed records (tests/lra/test_table.py checks it).
+COMMITTED_TABLES = (
+    (),  # comparison.*: every row with runs, beside Table 3
+    ("--paper", "table3"),
+    ("--paper", "table3", "--protocol", "spt_short", "--name", "spt"),  # self-pretraining (docs/self-pretraining.md)
+    ("--paper", "lra_table1"),
+)
+TABLE_CHOICES = ("paper", "rows", "protocol", "name", "speed")  # the options that choose one table
 
 
 def parse_rows(text: str) -> str | tuple[str, ...]:
@@ -97,10 +111,14 @@ def parser() -> argparse.ArgumentParser:
     line.add_argument(
         "--collect",
         action="store_true",
-        help="copy finished runs into RESULTS/runs/, then write RESULTS/NAME.* (implies --committed)",
+        help="copy finished runs into RESULTS/runs/, then remake every committed table (and NAME.* if a table is "
+        "chosen) from RESULTS/runs/",
     )
     line.add_argument(
-        "--committed", action="store_true", help="write RESULTS/NAME.* from RESULTS/runs/ alone instead of the user's table"
+        "--committed",
+        action="store_true",
+        help="write into RESULTS/ from RESULTS/runs/ alone, instead of the user's table: every committed table, or NAME.* "
+        "if a table is chosen (--paper, --rows, --protocol, --name, --speed)",
     )
     line.add_argument(
         "--paper",
@@ -139,16 +157,23 @@ def main(argv: list[str] | None = None) -> None:
     the LRA paper; with ``--rows`` it names whose numbers stand beside the cells (Table 3's by default). The rules are
     the same for every table ("the paper" is the table's).
 
-    ``--collect`` copies the finished local runs into ``results/runs/`` (:func:`~lra.table.records.collect`), and
-    ``--committed`` (implied by ``--collect``) writes ``results/<name>.*`` from the committed records alone, so the
-    committed table never holds a run that is not committed beside it. ``--speed`` adds each cell's training steps
-    per second and peak memory, from the records.
+    ``--committed`` writes into ``results/`` from the committed records alone, so that a committed table never holds a
+    run that is not committed beside it: the table chosen, or without a choice every committed table
+    (:data:`COMMITTED_TABLES`). ``--collect`` copies the finished local runs into ``results/runs/``
+    (:func:`~lra.table.records.collect`), then remakes every committed table, and the one chosen if it is not among
+    them. ``--speed`` adds each cell's training steps per second and peak memory, from the records.
     """
-    args = parser().parse_args(argv)
+    line = parser()
+    args = line.parse_args(argv)
     runs_dir = args.results / "runs"
-    rows = args.rows or (PAPER_ROWS if args.paper else ALL_ROWS)
-    published = TABLES[args.paper or TABLE3.name]
-    only = {"name": args.name, "protocols": args.protocol, "published": published, "rows": rows, "speed": args.speed}
+    chosen = choice(args)
+    every_committed = [choice(line.parse_args(list(arguments))) for arguments in COMMITTED_TABLES]
+    if args.collect:
+        tables = every_committed + [chosen] * (chosen not in every_committed)
+    elif args.committed and not any(getattr(args, option) for option in TABLE_CHOICES):
+        tables = every_committed
+    else:
+        tables = [chosen]
     if args.collect:
         found = find_record_files(args.runs)
         check_hashes(found)
@@ -161,6 +186,22 @@ def main(argv: list[str] | None = None) -> None:
         found = find_record_files([*args.runs, runs_dir])
         source, out = f"the runs in `{', '.join(map(str, args.runs))}` and `{runs_dir}/`", args.out
     local = {record.config_hash for path, record in found if path.name == RESULTS_FILE}  # the user's own runs: first
-    paths = write_all([record for _, record in found], out, source, curves=find_curves(found), local=local, **only)
-    for path in paths:
-        print(f"wrote {path}")
+    records, curves_found = [record for _, record in found], find_curves(found)
+    protocols = {(record.protocol or {}).get("name") for record in records}
+    for only in tables:
+        if only is not chosen and only["protocols"] and not protocols & set(only["protocols"]):
+            print(f"note: no committed runs of protocol {', '.join(only['protocols'])}: {only['name']}.* not written")
+            continue
+        for path in write_all(records, out, source, curves=curves_found, local=local, **only):
+            print(f"wrote {path}")
+
+
+def choice(args: argparse.Namespace) -> dict[str, Any]:
+    """The table that ``args`` chose, as :func:`~lra.table.writers.write_all`'s arguments."""
+    return {
+        "name": args.name,
+        "protocols": args.protocol,
+        "published": TABLES[args.paper or TABLE3.name],
+        "rows": args.rows or (PAPER_ROWS if args.paper else ALL_ROWS),
+        "speed": args.speed,
+    }
