@@ -422,7 +422,7 @@ def figure(table: Table, path: Path) -> None:
     fig = plt.figure(figsize=(4.5 * width + 1, sum(heights) + 0.5), layout="constrained")
     subfigures = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False).flat
     for subfig, section, tasks in zip(subfigures, shown, panels):
-        protocol = "" if section.paper_protocol else " (paper: its own protocol)"
+        protocol = "" if section.paper_protocol else " (grey: the paper under its own protocol)"
         more = len(table.sections) - len(shown)
         others = f"; {more} more section{'s' * (more > 1)} in {path.with_suffix('.md').name}" if more else ""
         subfig.suptitle(textwrap.fill(section.title + protocol + others, 50 * width + 10), fontsize=9, fontweight="bold")
