@@ -34,6 +34,13 @@ skips the padding, the gathering of windows and the separate global blocks: the 
 half the cost on the CPU (n = 512, batch 32, 2 heads, forward and backward on one thread: 0.86 s against 1.74 s,
 measured in one run).
 
+On a CPU in float32 (with YOSO's CPU kernels built, :mod:`yoso_cuda`), steps 2-5 are one fused op instead,
+``yoso_cuda.softmax_dropout_attention`` with the radius and the global tokens: it walks the queries in blocks and
+scores only the keys a block can see (the band and the global keys), holding one block's scores at a time, with the
+dropout inside, so no score tensor is ever stored for the backward. Its dropout mask has the distribution of
+``F.dropout``'s but its own random stream (:mod:`yoso_cuda.softmax`). A query that sees no real key (only in the
+padding) gets a zero row there; the padded rows are zeroed in the end either way.
+
 The softmax and everything around it run in float32 (as HF's ``softmax(..., dtype=float32)``), and
 the output is cast back to the input dtype. Masking fills scores with the float32 minimum rather
 than -inf, so a fully padded sequence gets a finite (uniform) softmax whose rows are then zeroed: no
@@ -68,6 +75,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from yoso_cuda import has_kernel, softmax_dropout_attention
+
 from ._checks import check_dropout
 from .registry import Attention, register, register_preset
 
@@ -98,13 +107,15 @@ class LongformerAttention(Attention):
 
     def attend(self, q, k, v, mask):
         batch, heads, n, head_dim = q.shape
-        q = q / math.sqrt(head_dim)
-        real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask  # (b, n)
         num_global = min(self.config.num_global_tokens, n)
         dropout = self.config.dropout if self.training else 0.0
-
         # Step 1: a radius past n - 1 changes nothing; the block must be at least the radius.
         radius = min(self.config.window // 2, n - 1)
+        if q.device.type == "cpu" and q.dtype == torch.float32 and has_kernel(q.device):
+            return softmax_dropout_attention(q, k, v, mask, dropout, radius, num_global)  # steps 2-5, fused
+
+        q = q / math.sqrt(head_dim)
+        real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask  # (b, n)
         block = max(radius, 1)
         num_blocks = -(-n // block)
         pad = num_blocks * block - n

@@ -9,8 +9,9 @@ The public interface (what ``attention_zoo`` uses):
 * :func:`expected_collisions`: YOSO-E's collision probabilities ``(1 - arccos(q . k)/pi)^tau``;
 * the raw ops (:func:`hash_codes`, :func:`lsh_cumulation`, ...), each with a ``backend`` argument:
   ``"auto"`` (compiled kernels where built), ``"compiled"`` or ``"reference"`` (pure PyTorch);
-* :func:`softmax_dropout_attention`: exact softmax attention with dropout, fused on the CPU (the
-  softmax baseline's training path, :mod:`yoso_cuda.softmax`);
+* :func:`softmax_dropout_attention`: exact softmax attention with dropout, fused on the CPU, over every key or
+  Longformer's band and global tokens (the softmax baseline's training path and Longformer's CPU path,
+  :mod:`yoso_cuda.softmax`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares

@@ -1,7 +1,7 @@
 """Just-in-time build of YOSO's two kernel libraries with ``torch.utils.cpp_extension.load`` and ninja.
 
 * ``cpu``: ``csrc/yoso.cpp``, the ops' schemas (``TORCH_LIBRARY(yoso)``) and their CPU kernels, and
-  ``csrc/softmax_dropout.cpp``, the softmax baseline's fused dropout attention (CPU only). It
+  ``csrc/softmax_dropout.cpp``, the softmax and Longformer baselines' fused dropout attention (CPU only). It
   is built wherever a C++ compiler is found, first, since the CUDA library only adds kernels to it.
 * ``cuda``: ``csrc/cuda/*.cu``, the CUDA kernels (``TORCH_LIBRARY_IMPL(yoso, CUDA)``), loaded after
   the CPU library. It is wanted when torch is a CUDA build and there is something to compile for:

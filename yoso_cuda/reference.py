@@ -379,12 +379,26 @@ def dropout_keep(seed: int, batch: int, heads: int, length: int, dropout: float)
 
 
 def softmax_dropout_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, dropout: float, seed: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    dropout: float,
+    seed: int,
+    radius: int = -1,
+    num_global: int = 0,
 ) -> torch.Tensor:
-    """``(softmax(q k^T / sqrt(d)) * keep / (1 - p)) v`` densely, with :func:`dropout_keep`'s mask: ``(b, h, n, c)``."""
+    """``(softmax(q k^T / sqrt(d)) * keep / (1 - p)) v`` densely, with :func:`dropout_keep`'s mask: ``(b, h, n, c)``.
+    With ``radius`` >= 0 query i sees key j only where ``|i - j| <= radius`` or ``i`` or ``j`` < ``num_global``; a
+    query with no key to see gets a zero row."""
     batch, heads, length, dim = q.shape
-    scores = q @ k.transpose(-1, -2) / math.sqrt(dim)  # (b, h, n, n)
+    position = torch.arange(length, device=q.device)
+    allowed = torch.ones(batch, 1, length, length, dtype=torch.bool, device=q.device)  # (b, 1, n, n)
+    if radius >= 0:
+        allowed &= ((position[:, None] - position).abs() <= radius) | (position[:, None] < num_global) | (position < num_global)
     if key_mask is not None:
-        scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+        allowed &= key_mask[:, None, None, :]
+    seen = allowed.any(dim=-1, keepdim=True)  # (b, 1, n, 1): a query with no key gets zeros, not NaN
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim)).masked_fill(~allowed & seen, float("-inf"))  # (b, h, n, n)
     keep = dropout_keep(seed, batch, heads, length, dropout).to(q.device)
-    return (scores.softmax(dim=-1) * keep / (1 - dropout)) @ v
+    return (scores.softmax(dim=-1) * seen * keep / (1 - dropout)) @ v

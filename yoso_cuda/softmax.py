@@ -1,5 +1,9 @@
 """Exact softmax attention with dropout on its probabilities, fused on the CPU: ``yoso::softmax_dropout_attention``.
 
+It computes the softmax baseline's training step, and with a ``radius`` Longformer's sliding window with global
+tokens (a query sees the keys within the radius, and the first ``num_global`` positions see and are seen by every
+query), scoring only the keys a block of queries can see.
+
 PyTorch's CPU flash-attention kernel has no dropout, so ``scaled_dot_product_attention`` with
 ``dropout_p > 0`` runs its math path on a CPU, which materialises the n x n scores, probabilities and
 dropout mask of every head. The compiled op (``csrc/softmax_dropout.cpp``) computes the same function
@@ -30,31 +34,37 @@ def register() -> None:
     """The fake kernels and the autograd of the two compiled ops (needs the CPU library loaded)."""
 
     @torch.library.register_fake("yoso::softmax_dropout_attention")
-    def _(q, k, v, key_mask, dropout, seed):
+    def _(q, k, v, key_mask, dropout, seed, radius=-1, num_global=0):
         return v.new_empty(v.shape), q.new_empty(q.shape[:3])
 
     @torch.library.register_fake("yoso::softmax_dropout_attention_backward")
-    def _(grad_out, q, k, v, key_mask, out, lse, dropout, seed):
+    def _(grad_out, q, k, v, key_mask, out, lse, dropout, seed, radius=-1, num_global=0):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, key_mask, dropout, seed = inputs
+        q, k, v, key_mask, dropout, seed, radius, num_global = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, key_mask, out, lse, seed)
-        ctx.dropout = dropout
+        ctx.dropout, ctx.radius, ctx.num_global = dropout, radius, num_global
 
     def backward(ctx, grad_out, grad_lse):
         q, k, v, key_mask, out, lse, seed = ctx.saved_tensors
-        grads = torch.ops.yoso.softmax_dropout_attention_backward(grad_out, q, k, v, key_mask, out, lse, ctx.dropout, seed)
-        return (*grads, None, None, None)
+        grads = torch.ops.yoso.softmax_dropout_attention_backward(
+            grad_out, q, k, v, key_mask, out, lse, ctx.dropout, seed, ctx.radius, ctx.num_global
+        )
+        return (*grads, None, None, None, None, None)
 
     torch.library.register_autograd("yoso::softmax_dropout_attention", backward, setup_context=setup_context)
 
 
-def softmax_dropout_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout: float) -> Tensor:
+def softmax_dropout_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout: float, radius: int = -1, num_global: int = 0
+) -> Tensor:
     """``(softmax(q k^T / sqrt(d) + mask) * keep / (1 - p)) v``, differentiable, float32 on the CPU.
 
     ``q, k`` (batch, heads, n, d), ``v`` (batch, heads, n, c), ``key_mask`` (batch, n) bool (True = real
-    key) or None; every sequence needs a real key. A fresh mask seed is drawn from torch's generator."""
+    key) or None. ``radius`` >= 0: query i sees key j only where ``|i - j| <= radius`` or either is among the
+    first ``num_global`` positions (-1: every key). A query with no key to see gets a zero row (softmax's caller
+    unmasks a sequence without a real key first). A fresh mask seed is drawn from torch's generator."""
     seed = torch.randint(SEED_RANGE, (1,), dtype=torch.int64)
-    return torch.ops.yoso.softmax_dropout_attention(q, k, v, key_mask, dropout, seed)[0]
+    return torch.ops.yoso.softmax_dropout_attention(q, k, v, key_mask, dropout, seed, radius, num_global)[0]

@@ -1,4 +1,5 @@
-"""Longformer sliding-window attention against dense float64 references (softmax and the exact band)."""
+"""Longformer sliding-window attention against dense float64 references (softmax and the exact band), each test
+both ways it is computed on a CPU: the fused kernel (where YOSO's CPU kernels are built) and the blocks."""
 
 import pytest
 import torch
@@ -16,9 +17,20 @@ from zoo_inputs import (
 )
 
 from attention_zoo import longformer
+from yoso_cuda import has_kernel
 
 build = builder("longformer")
 longformer_dense_band = longformer.dense_band
+
+
+@pytest.fixture(autouse=True, params=["fused", "blocks"])
+def way(request, monkeypatch):
+    """Which way the CPU computes it: the fused kernel, or the blocks (as without the kernels, and on a GPU)."""
+    if request.param == "blocks":
+        monkeypatch.setattr(longformer, "has_kernel", lambda device: False)
+    elif not has_kernel(torch.device("cpu")):
+        pytest.skip("YOSO's CPU kernels are not built (python -m yoso_cuda)")
+    return request.param
 
 
 def allowed_pairs(n, window, num_global):
@@ -75,14 +87,15 @@ def test_equals_dense_banded_reference(n, num_global, window):
     "n, window, num_global, dense",
     [(12, 8, 0, True), (16, 8, 0, False), (12, 2, 6, False), (512, 512, 1, True), (1100, 512, 1, False)],
 )
-def test_a_short_sequence_is_one_score_matrix_and_a_long_one_blocks(monkeypatch, n, window, num_global, dense):
+def test_a_short_sequence_is_one_score_matrix_and_a_long_one_blocks(monkeypatch, way, n, window, num_global, dense):
     """The (n, n) scores only where they are no more than the blocks' (n^2 <= padded n * (g + 1.5 window)), so memory
-    stays linear in n beyond; ListOps at 512 with the LRA window of 512 takes the dense way."""
+    stays linear in n beyond; ListOps at 512 with the LRA window of 512 takes the dense way. The fused kernel takes
+    neither."""
     calls = []
     monkeypatch.setattr(longformer, "dense_band", lambda *args: calls.append(n) or longformer_dense_band(*args))
     q, k, v = random_qkv(1, n)
     build(n, window=window, num_global_tokens=num_global)(q, k, v, ragged_mask(n)[:1])
-    assert calls == ([n] if dense else [])
+    assert calls == ([n] if dense and way == "blocks" else [])
 
 
 @pytest.mark.parametrize("num_global", [0, 1])
@@ -107,14 +120,18 @@ def test_global_token_that_is_padding_has_no_influence():
     torch.testing.assert_close(out.double(), softmax_reference(q, k, v, mask, allowed), rtol=1e-5, atol=1e-6)
 
 
-def test_largest_tensor_is_the_band_of_scores():
-    """The biggest allocation, forward and backward, is the (n, g + 1.5 window) score block per head."""
+def test_largest_tensor_is_the_band_of_scores(way):
+    """The biggest allocation, forward and backward, is the (n, g + 1.5 window) score block per head; fused, no score
+    tensor at all: the inputs' size (a gradient of q, k or v)."""
     n, window, num_global = 4000, 64, 1
     attn = build(n, window=window, num_global_tokens=num_global).train()
     q, k, v = (t.requires_grad_() for t in random_qkv(1, n))
     largest, _ = forward_backward_allocation(attn, q, k, v)
     padded = -(-n // (window // 2)) * (window // 2)
-    assert largest == HEADS * padded * (num_global + 3 * window // 2) < n * n / 8
+    if way == "fused":
+        assert largest == q.numel()
+    else:
+        assert largest == HEADS * padded * (num_global + 3 * window // 2) < n * n / 8
 
 
 def test_dropout_only_in_training():

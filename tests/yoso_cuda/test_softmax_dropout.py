@@ -1,4 +1,5 @@
-"""The fused CPU softmax-dropout attention against its dense reference: values, gradients, mask, opcheck."""
+"""The fused CPU softmax-dropout attention against its dense reference: values, gradients, mask, opcheck; with every
+key and with a band (Longformer's window and global tokens)."""
 
 import math
 
@@ -29,43 +30,58 @@ def inputs(batch, heads, length, dim, value_dim, masked, seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(
-    "batch, heads, length, dim, value_dim, masked, dropout",
+    "batch, heads, length, dim, value_dim, masked, dropout, radius, num_global",
     [
-        (2, 2, 37, 16, 16, False, 0.0),
-        (2, 3, 100, 32, 20, True, 0.1),
-        (1, 2, 257, 33, 64, True, 0.3),  # several query blocks, a ragged one, d and c not multiples of 8
-        (3, 1, 8, 5, 3, False, 0.5),
-        (1, 1, 1, 4, 4, False, 0.2),
+        (2, 2, 37, 16, 16, False, 0.0, -1, 0),
+        (2, 3, 100, 32, 20, True, 0.1, -1, 0),
+        (1, 2, 257, 33, 64, True, 0.3, -1, 0),  # several query blocks, a ragged one, d and c not multiples of 8
+        (3, 1, 8, 5, 3, False, 0.5, -1, 0),
+        (1, 1, 1, 4, 4, False, 0.2, -1, 0),
+        # A band: blocks of 64 queries that see the global keys and their band apart (two spans of keys) or together,
+        # queries in the padding at the start that see no real key (zero rows), global rows across a block's edge.
+        (2, 2, 257, 33, 20, True, 0.3, 40, 1),
+        (1, 3, 200, 16, 16, True, 0.1, 1, 0),
+        (2, 2, 300, 8, 12, False, 0.2, 100, 70),
+        (1, 2, 150, 16, 16, True, 0.0, 149, 2),
     ],
 )
-def test_values_and_gradients_equal_the_dense_reference(batch, heads, length, dim, value_dim, masked, dropout, seed):
+def test_values_and_gradients_equal_the_dense_reference(
+    batch, heads, length, dim, value_dim, masked, dropout, radius, num_global, seed
+):
     q, k, v, mask = inputs(batch, heads, length, dim, value_dim, masked, seed)
     mask_seed = 12345678901234567 + seed
     q32, k32, v32 = (x.float().requires_grad_() for x in (q, k, v))
-    out, lse = fused(q32, k32, v32, mask, dropout, torch.tensor([mask_seed]))
+    out, lse = fused(q32, k32, v32, mask, dropout, torch.tensor([mask_seed]), radius, num_global)
     q64, k64, v64 = (x.clone().requires_grad_() for x in (q, k, v))
-    expected = reference.softmax_dropout_attention(q64, k64, v64, mask, dropout, mask_seed)
+    expected = reference.softmax_dropout_attention(q64, k64, v64, mask, dropout, mask_seed, radius, num_global)
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     out.backward(grad.float())
     expected.backward(grad)
     scale = 1 / math.sqrt(dim)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(
-        torch.zeros((), dtype=torch.bool) if mask is None else ~mask[:, None, None, :], float("-inf")
-    )
+    i, j = torch.arange(length)[:, None], torch.arange(length)
+    seen = ((i - j).abs() <= radius) | (i < num_global) | (j < num_global) if radius >= 0 else torch.ones((), dtype=torch.bool)
+    seen = seen & (torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, None, :])  # (b, 1, n, n)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
     torch.testing.assert_close(lse.double(), scores.logsumexp(dim=-1), rtol=1e-5, atol=1e-5)
+    if 0 <= radius < length // 4 and masked:
+        assert (~seen.any(dim=-1)).any(), "some queries in the padding at the start see no real key: zero rows"
     for ours, theirs in ((out, expected), (q32.grad, q64.grad), (k32.grad, k64.grad), (v32.grad, v64.grad)):
         torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-6 + 2e-5 * theirs.abs().max().item())
 
 
-def test_the_kernel_drops_exactly_the_pairs_of_the_reference_mask():
-    """With one-hot values the output is the dropped-out probability matrix itself: zero exactly where dropped."""
+@pytest.mark.parametrize("radius, num_global", [(-1, 0), (50, 2)])
+def test_the_kernel_drops_exactly_the_pairs_of_the_reference_mask(radius, num_global):
+    """With one-hot values the output is the dropped-out probability matrix itself: zero exactly where dropped, and
+    with a band, outside it."""
     length, dropout = 300, 0.25
     q, k = (torch.randn(2, 2, length, 8) for _ in range(2))
     eye = torch.eye(length).expand(2, 2, length, length).contiguous()  # (b, h, n, c = n)
-    out, _ = fused(q, k, eye, None, dropout, torch.tensor([987654321]))
+    out, _ = fused(q, k, eye, None, dropout, torch.tensor([987654321]), radius, num_global)
+    i, j = torch.arange(length)[:, None], torch.arange(length)
+    seen = ((i - j).abs() <= radius) | (i < num_global) | (j < num_global) if radius >= 0 else torch.ones(length, length).bool()
     keep = reference.dropout_keep(987654321, 2, 2, length, dropout)
-    assert torch.equal(out != 0, keep)
-    probabilities = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    assert torch.equal(out != 0, keep & seen)
+    probabilities = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~seen, float("-inf")), dim=-1)
     torch.testing.assert_close(out, probabilities * keep / (1 - dropout), rtol=1e-5, atol=1e-7)
 
 
@@ -91,7 +107,8 @@ def test_without_dropout_it_equals_sdpa():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :]))
 
 
-def test_the_thread_count_changes_no_bit():
+@pytest.mark.parametrize("radius, num_global", [(-1, 0), (20, 1)])
+def test_the_thread_count_changes_no_bit(radius, num_global):
     q, k, v, mask = (x if x is None or x.dtype == torch.bool else x.float() for x in inputs(2, 3, 150, 16, 16, True, seed=4))
     for x in (q, k, v):
         x.requires_grad_()
@@ -101,7 +118,7 @@ def test_the_thread_count_changes_no_bit():
     try:
         for count in (1, max(2, threads)):
             torch.set_num_threads(count)
-            out, _ = fused(q, k, v, mask, 0.2, seed)
+            out, _ = fused(q, k, v, mask, 0.2, seed, radius, num_global)
             results.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
     finally:
         torch.set_num_threads(threads)
@@ -113,6 +130,7 @@ def test_opcheck():
     q, k, v, mask = (x if x.dtype == torch.bool else x.float().requires_grad_() for x in inputs(2, 2, 40, 8, 12, True, seed=5))
     torch.library.opcheck(fused, (q, k, v, mask, 0.1, torch.tensor([3])))
     torch.library.opcheck(fused, (q, k, v, None, 0.0, torch.tensor([3])))
+    torch.library.opcheck(fused, (q, k, v, mask, 0.1, torch.tensor([3]), 5, 1))
 
 
 @pytest.mark.parametrize(
@@ -124,6 +142,8 @@ def test_opcheck():
         (lambda a: {**a, "key_mask": a["key_mask"].float()}, "key_mask must be bool"),
         (lambda a: {**a, "dropout": 1.0}, "dropout must be in"),
         (lambda a: {**a, "seed": torch.tensor([1.0])}, "seed must be one int64"),
+        (lambda a: {**a, "radius": -2}, "radius must be >= 0"),
+        (lambda a: {**a, "num_global": -1}, "num_global must be >= 0"),
     ],
 )
 def test_bad_inputs_are_clear_errors(change, message):

@@ -1,14 +1,19 @@
 // Exact softmax attention with dropout on its probabilities, fused, on the CPU: the baseline's
 // training path.
 //
-//   out = (softmax(Q K^T / sqrt(d) + key_bias) * keep / (1 - p)) V,  keep ~ Bernoulli(1 - p)
+//   out = (softmax(Q K^T / sqrt(d) + bias) * keep / (1 - p)) V,  keep ~ Bernoulli(1 - p)
+//
+// The bias is -inf where query i may not see key j: a padded key (key_mask) and, with a radius r >= 0,
+// a key outside the band |i - j| <= r unless i or j is one of the first g ("global") positions:
+// Longformer's sliding window with global tokens. A query block then scores only the keys its rows
+// can see (the global ones and the band's), so the band costs O(n (block + 2 r)), not O(n^2).
 //
 // PyTorch's CPU flash-attention kernel has no dropout, so scaled_dot_product_attention with
 // dropout_p > 0 falls back to its math path, which holds the n x n scores, probabilities and
 // dropout mask of every head in memory. Here each thread takes one head row (batch x head) at a
 // time and walks it in blocks of queries, holding only a block's scores (block x n floats):
 //
-// * forward: scores of the block (a small GEMM against K^T), each row's max, exponentials and sum,
+// * forward: scores of the block (a small GEMM against K^T over its keys), each row's max, exponentials and sum,
 //   the dropout mask, then the block's output (a GEMM against V); it keeps the row's log-sum-exp;
 // * backward: the block's probabilities again from the scores and the log-sum-exp, the same mask,
 //   then dV += Pd^T dO, dPd = dO V^T, dS = P * (keep dPd / (1 - p) - rowsum(dO * O)),
@@ -144,6 +149,8 @@ struct Problem {
   int64_t head_rows, heads, n, dim, value_dim;
   const float *q, *k, *v;
   const bool* key_mask;  // (batch, n) or null
+  int64_t radius;  // a query sees the keys within it (|i - j| <= radius); < 0: every key
+  int64_t num_global;  // the first positions, which see and are seen by every query whatever the radius
   float scale;  // 1 / sqrt(dim)
   uint64_t seed;
   uint32_t threshold;  // drop_threshold(p); 0: no dropout
@@ -167,29 +174,75 @@ struct Scratch {
   }
 };
 
-// row *= keep(query, j) * factor for every key j: the dropout of one row of probabilities.
-YOSO_INLINE void drop(const Problem& p, int64_t head_row, int64_t query, float* row, float factor) {
+// The keys a block of queries [first, first + rows) can see: one or two spans of columns [begin, end),
+// the global keys and the band. Only these columns of the block's scores are computed and read.
+struct Spans {
+  int64_t begin[2], end[2];
+  int count;
+
+  Spans(const Problem& p, int64_t first, int64_t rows) {
+    if (p.radius < 0 || first < p.num_global) {  // every key, or a global query among the rows
+      *this = Spans(0, p.n);
+      return;
+    }
+    const int64_t low = std::max<int64_t>(0, first - p.radius), high = std::min(p.n, first + rows + p.radius);
+    if (low <= p.num_global) {
+      *this = Spans(0, high);
+    } else {
+      *this = Spans(0, p.num_global);
+      begin[count] = low;
+      end[count++] = high;
+    }
+  }
+
+ private:
+  Spans(int64_t b, int64_t e) : begin{b, 0}, end{e, 0}, count(b < e ? 1 : 0) {}
+};
+
+// row[j] *= keep(query, j) * factor for every key j of [begin, end): the dropout of probabilities.
+YOSO_INLINE void drop(const Problem& p, int64_t head_row, int64_t query, float* row, float factor, int64_t begin,
+                      int64_t end) {
   if (p.threshold == 0) {
-    scale(row, factor, p.n);
+    scale(row + begin, factor, end - begin);
     return;
   }
   const uint32_t key = row_key(p.seed, head_row, query);
   Uints index;
   for (int l = 0; l < kLanes; ++l) index[l] = static_cast<uint32_t>(l);
-  int64_t j = 0;
-  for (; j + kLanes <= p.n; j += kLanes) {
+  int64_t j = begin;
+  for (; j + kLanes <= end; j += kLanes) {
     const Uints hash = mix(key ^ ((index + static_cast<uint32_t>(j)) * kKeyStride));
     const Ints kept = reinterpret_cast<Ints>(hash >= p.threshold);
     store(row + j, reinterpret_cast<Floats>(reinterpret_cast<Ints>(load(row + j) * factor) & kept));
   }
-  for (; j < p.n; ++j) row[j] = mix(key ^ (static_cast<uint32_t>(j) * kKeyStride)) >= p.threshold ? row[j] * factor : 0.f;
+  for (; j < end; ++j) row[j] = mix(key ^ (static_cast<uint32_t>(j) * kKeyStride)) >= p.threshold ? row[j] * factor : 0.f;
 }
 
-// scores (rows x n) of queries [first, first + rows): q K^T + bias, unscaled.
-YOSO_INLINE void block_scores(const Problem& p, const Scratch& s, const float* queries, int64_t rows, float* scores) {
-  gemm(rows, p.n, p.dim, queries, p.dim, 1, s.keys_t.data(), p.n, scores, p.n, 1.f, false);
-  if (p.key_mask)
-    for (int64_t i = 0; i < rows; ++i) add(scores + i * p.n, s.bias.data(), p.n);
+YOSO_INLINE void drop(const Problem& p, int64_t head_row, int64_t query, float* row, float factor, const Spans& spans) {
+  for (int span = 0; span < spans.count; ++span) drop(p, head_row, query, row, factor, spans.begin[span], spans.end[span]);
+}
+
+// scores (rows x n, of which the spans' columns) of queries [first, first + rows): q K^T + bias, unscaled.
+YOSO_INLINE void block_scores(const Problem& p, const Scratch& s, const float* queries, int64_t first, int64_t rows,
+                              const Spans& spans, float* scores) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (int span = 0; span < spans.count; ++span) {
+    const int64_t begin = spans.begin[span], width = spans.end[span] - begin;
+    gemm(rows, width, p.dim, queries, p.dim, 1, s.keys_t.data() + begin, p.n, scores + begin, p.n, 1.f, false);
+    if (p.key_mask)
+      for (int64_t i = 0; i < rows; ++i) add(scores + i * p.n + begin, s.bias.data() + begin, width);
+  }
+  if (p.radius < 0) return;
+  for (int64_t i = 0; i < rows; ++i) {  // outside the band: the non-global keys beyond the radius of a non-global query
+    const int64_t query = first + i;
+    if (query < p.num_global) continue;
+    float* row = scores + i * p.n;
+    for (int span = 0; span < spans.count; ++span) {
+      const int64_t begin = std::max(spans.begin[span], p.num_global), end = spans.end[span];
+      for (int64_t j = begin; j < std::min(end, query - p.radius); ++j) row[j] = kMasked;
+      for (int64_t j = std::max(begin, query + p.radius + 1); j < end; ++j) row[j] = kMasked;
+    }
+  }
 }
 
 YOSO_MULTIVERSIONED void forward_head_row(const Problem& p, int64_t head_row, Scratch& s, float* out, float* lse) {
@@ -198,32 +251,40 @@ YOSO_MULTIVERSIONED void forward_head_row(const Problem& p, int64_t head_row, Sc
   const float* values = p.v + head_row * n * p.value_dim;
   for (int64_t first = 0; first < n; first += block) {
     const int64_t rows = std::min(block, n - first);
+    const Spans spans(p, first, rows);
     float* scores = s.scores.data();
-    block_scores(p, s, p.q + (head_row * n + first) * p.dim, rows, scores);
+    block_scores(p, s, p.q + (head_row * n + first) * p.dim, first, rows, spans, scores);
     for (int64_t i = 0; i < rows; ++i) {
       float* row = scores + i * n;
       float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) top = std::max(top, row[j]);
+      for (int span = 0; span < spans.count; ++span)
+        for (int64_t j = spans.begin[span]; j < spans.end[span]; ++j) top = std::max(top, row[j]);
       float* lse_out = lse + head_row * n + first + i;
-      if (top == -std::numeric_limits<float>::infinity()) {  // no real key: a zero row (the caller avoids it)
-        std::fill(row, row + n, 0.f);
+      if (top == -std::numeric_limits<float>::infinity()) {  // no key to see: a zero row (softmax's caller avoids it)
+        for (int span = 0; span < spans.count; ++span) std::fill(row + spans.begin[span], row + spans.end[span], 0.f);
         *lse_out = top;
         continue;
       }
-      Floats sums{};
-      int64_t j = 0;
-      for (; j + kLanes <= n; j += kLanes) {
-        const Floats e = exp_nonpositive((load(row + j) - top) * p.scale);
-        store(row + j, e);
-        sums += e;
+      float total = 0.f;
+      for (int span = 0; span < spans.count; ++span) {
+        Floats sums{};
+        int64_t j = spans.begin[span];
+        for (; j + kLanes <= spans.end[span]; j += kLanes) {
+          const Floats e = exp_nonpositive((load(row + j) - top) * p.scale);
+          store(row + j, e);
+          sums += e;
+        }
+        total += horizontal_sum(sums);
+        for (; j < spans.end[span]; ++j) total += row[j] = exp_nonpositive((row[j] - top) * p.scale);
       }
-      float total = horizontal_sum(sums);
-      for (; j < n; ++j) total += row[j] = exp_nonpositive((row[j] - top) * p.scale);
       *lse_out = top * p.scale + std::log(total);
-      drop(p, head_row, first + i, row, p.keep_scale / total);
+      drop(p, head_row, first + i, row, p.keep_scale / total, spans);
     }
-    gemm(rows, p.value_dim, n, scores, n, 1, values, p.value_dim, out + (head_row * n + first) * p.value_dim, p.value_dim,
-         1.f, false);
+    for (int span = 0; span < spans.count; ++span) {
+      const int64_t begin = spans.begin[span];
+      gemm(rows, p.value_dim, spans.end[span] - begin, scores + begin, n, 1, values + begin * p.value_dim, p.value_dim,
+           out + (head_row * n + first) * p.value_dim, p.value_dim, 1.f, span > 0);
+    }
   }
 }
 
@@ -242,43 +303,57 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
   std::fill(grad_v, grad_v + n * c, 0.f);
   for (int64_t first = 0; first < n; first += block) {
     const int64_t rows = std::min(block, n - first), offset = head_row * n + first;
+    const Spans spans(p, first, rows);
     const float* queries = p.q + offset * d;
     const float* grad_out = g.grad_out + offset * c;
     float* probs = s.scores.data();  // the dropped-out probabilities Pd, then dS
     float* grads = s.grads.data();  // dPd
-    block_scores(p, s, queries, rows, probs);
-    gemm(rows, n, c, grad_out, c, 1, s.values_t.data(), n, grads, n, 1.f, false);  // dPd = dO V^T
+    block_scores(p, s, queries, first, rows, spans, probs);
+    for (int span = 0; span < spans.count; ++span) {  // dPd = dO V^T
+      const int64_t begin = spans.begin[span];
+      gemm(rows, spans.end[span] - begin, c, grad_out, c, 1, s.values_t.data() + begin, n, grads + begin, n, 1.f, false);
+    }
     for (int64_t i = 0; i < rows; ++i) {
       float* row = probs + i * n;
       float* grad_row = grads + i * n;
       const float lse = g.lse[offset + i];
       if (lse == -std::numeric_limits<float>::infinity()) {
-        std::fill(row, row + n, 0.f);
-        std::fill(grad_row, grad_row + n, 0.f);
+        for (int span = 0; span < spans.count; ++span) {
+          std::fill(row + spans.begin[span], row + spans.end[span], 0.f);
+          std::fill(grad_row + spans.begin[span], grad_row + spans.end[span], 0.f);
+        }
         continue;
       }
-      int64_t j = 0;
-      for (; j + kLanes <= n; j += kLanes) store(row + j, exp_nonpositive(load(row + j) * p.scale - lse));
-      for (; j < n; ++j) row[j] = exp_nonpositive(row[j] * p.scale - lse);
       // dS = P * (keep dPd / (1 - p) - D), D = dO . O; the mask is applied to dPd, then P is dropped
       // out in place for dV.
-      drop(p, head_row, first + i, grad_row, p.keep_scale);
+      drop(p, head_row, first + i, grad_row, p.keep_scale, spans);
       const float total = dot(grad_out + i * c, g.out + (offset + i) * c, c);
-      for (j = 0; j + kLanes <= n; j += kLanes) {
-        const Floats prob = load(row + j);
-        store(grad_row + j, prob * (load(grad_row + j) - total));
+      for (int span = 0; span < spans.count; ++span) {
+        int64_t j = spans.begin[span];
+        for (; j + kLanes <= spans.end[span]; j += kLanes) {
+          const Floats prob = exp_nonpositive(load(row + j) * p.scale - lse);
+          store(row + j, prob);
+          store(grad_row + j, prob * (load(grad_row + j) - total));
+        }
+        for (; j < spans.end[span]; ++j) {
+          row[j] = exp_nonpositive(row[j] * p.scale - lse);
+          grad_row[j] = row[j] * (grad_row[j] - total);
+        }
       }
-      for (; j < n; ++j) grad_row[j] = row[j] * (grad_row[j] - total);
-      drop(p, head_row, first + i, row, p.keep_scale);
+      drop(p, head_row, first + i, row, p.keep_scale, spans);
     }
-    gemm(n, c, rows, probs, 1, n, grad_out, c, grad_v, c, 1.f, true);  // dV += Pd^T dO
-    gemm(rows, d, n, grads, n, 1, keys, d, g.grad_q + offset * d, d, p.scale, false);  // dQ = dS K / sqrt(d)
-    gemm(n, d, rows, grads, 1, n, queries, d, grad_k, d, p.scale, true);  // dK += dS^T Q / sqrt(d)
+    for (int span = 0; span < spans.count; ++span) {
+      const int64_t begin = spans.begin[span], width = spans.end[span] - begin;
+      gemm(width, c, rows, probs + begin, 1, n, grad_out, c, grad_v + begin * c, c, 1.f, true);  // dV += Pd^T dO
+      gemm(rows, d, width, grads + begin, n, 1, keys + begin * d, d, g.grad_q + offset * d, d, p.scale,
+           span > 0);  // dQ = dS K / sqrt(d)
+      gemm(width, d, rows, grads + begin, 1, n, queries, d, grad_k + begin * d, d, p.scale, true);  // dK += dS^T Q / sqrt(d)
+    }
   }
 }
 
 void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
-                     double dropout, const at::Tensor& seed) {
+                     double dropout, const at::Tensor& seed, int64_t radius, int64_t num_global) {
   TORCH_CHECK_VALUE(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
                     "softmax_dropout_attention takes q and k of one shape (batch, heads, n, d) and v (batch, heads, n, c), "
                     "got ",
@@ -296,10 +371,12 @@ void check_arguments(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK_VALUE(dropout >= 0.0 && dropout < 1.0, "dropout must be in [0, 1), got ", dropout);
   TORCH_CHECK_VALUE(seed.numel() == 1 && seed.scalar_type() == at::kLong, "seed must be one int64, got ", seed.scalar_type(),
                     " ", seed.sizes());
+  TORCH_CHECK_VALUE(radius >= -1, "radius must be >= 0 (the band |i - j| <= radius) or -1 (every key), got ", radius);
+  TORCH_CHECK_VALUE(num_global >= 0, "num_global must be >= 0, got ", num_global);
 }
 
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& key_mask,
-                     double dropout, const at::Tensor& seed) {
+                     double dropout, const at::Tensor& seed, int64_t radius, int64_t num_global) {
   Problem p;
   p.head_rows = q.size(0) * q.size(1);
   p.heads = q.size(1);
@@ -310,6 +387,8 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   p.k = k.data_ptr<float>();
   p.v = v.data_ptr<float>();
   p.key_mask = key_mask.has_value() ? key_mask->data_ptr<bool>() : nullptr;
+  p.radius = radius;
+  p.num_global = num_global;
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
   p.seed = static_cast<uint64_t>(seed.item<int64_t>());
   p.threshold = drop_threshold(dropout);
@@ -320,12 +399,13 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor> softmax_dropout_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
                                                                  const at::Tensor& v_in,
                                                                  const c10::optional<at::Tensor>& key_mask_in,
-                                                                 double dropout, const at::Tensor& seed) {
-  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed);
+                                                                 double dropout, const at::Tensor& seed, int64_t radius,
+                                                                 int64_t num_global) {
+  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed, radius, num_global);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const c10::optional<at::Tensor> key_mask =
       key_mask_in.has_value() ? c10::optional<at::Tensor>(key_mask_in->contiguous()) : c10::nullopt;
-  const Problem p = make_problem(q, k, v, key_mask, dropout, seed);
+  const Problem p = make_problem(q, k, v, key_mask, dropout, seed, radius, num_global);
   at::Tensor out = at::empty(v.sizes(), v.options());
   at::Tensor lse = at::empty(q.sizes().slice(0, 3), q.options());
   float* out_data = out.data_ptr<float>();
@@ -340,8 +420,8 @@ std::tuple<at::Tensor, at::Tensor> softmax_dropout_attention_cpu(const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_dropout_attention_backward_cpu(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const c10::optional<at::Tensor>& key_mask_in, const at::Tensor& out_in, const at::Tensor& lse_in, double dropout,
-    const at::Tensor& seed) {
-  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed);
+    const at::Tensor& seed, int64_t radius, int64_t num_global) {
+  check_arguments(q_in, k_in, v_in, key_mask_in, dropout, seed, radius, num_global);
   TORCH_CHECK_VALUE(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes() &&
                         lse_in.sizes() == q_in.sizes().slice(0, 3),
                     "grad_out and out must have v's shape and lse (batch, heads, n)");
@@ -349,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_dropout_attention_backwar
   const at::Tensor grad_out = grad_out_in.to(at::kFloat).contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
   const c10::optional<at::Tensor> key_mask =
       key_mask_in.has_value() ? c10::optional<at::Tensor>(key_mask_in->contiguous()) : c10::nullopt;
-  const Problem p = make_problem(q, k, v, key_mask, dropout, seed);
+  const Problem p = make_problem(q, k, v, key_mask, dropout, seed, radius, num_global);
   at::Tensor grad_q = at::empty_like(q), grad_k = at::empty_like(k), grad_v = at::empty_like(v);
   const Gradients g{grad_out.data_ptr<float>(), out.data_ptr<float>(), lse.data_ptr<float>(),
                     grad_q.data_ptr<float>(),   grad_k.data_ptr<float>(), grad_v.data_ptr<float>()};
@@ -364,11 +444,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_dropout_attention_backwar
 
 TORCH_LIBRARY_FRAGMENT(yoso, m) {
   m.def(
-      "softmax_dropout_attention(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float dropout, Tensor seed) -> (Tensor, "
-      "Tensor)");
+      "softmax_dropout_attention(Tensor q, Tensor k, Tensor v, Tensor? key_mask, float dropout, Tensor seed, int radius=-1, "
+      "int num_global=0) -> (Tensor, Tensor)");
   m.def(
       "softmax_dropout_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? key_mask, Tensor out, "
-      "Tensor lse, float dropout, Tensor seed) -> (Tensor, Tensor, Tensor)");
+      "Tensor lse, float dropout, Tensor seed, int radius=-1, int num_global=0) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(yoso, CPU, m) {
