@@ -1,5 +1,6 @@
 // SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp): GNU vector
-// extensions (GCC or Clang), compiled for AVX2 and for the baseline where GCC can multiversion.
+// extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3) and for the baseline where GCC
+// can multiversion.
 
 #pragma once
 
@@ -9,7 +10,13 @@
 namespace yoso {
 namespace {
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// x86-64-v3 (AVX2, FMA, ...; every x86 CPU since 2013-2015) lets a * b + c be one fused multiply-add:
+// without FMA the block GEMMs of softmax_dropout.cpp ran a multiply and an add per product and
+// spilled their accumulators to the stack. GCC before 11 has no ISA levels, and "arch=haswell" would
+// select by CPU model, not by feature: there, AVX2 alone.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 11
+#define YOSO_MULTIVERSIONED __attribute__((target_clones("arch=x86-64-v3", "default")))
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define YOSO_MULTIVERSIONED __attribute__((target_clones("avx2", "default")))
 #else
 #define YOSO_MULTIVERSIONED

@@ -123,6 +123,9 @@ YOSO_INLINE void gemm_columns(int64_t M, int64_t K, const float* a, int64_t a_ro
   int64_t m = 0;
   for (; m + kRows <= M; m += kRows)
     gemm_block<kRows, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  // The rows left (a block of 64 leaves 4 of 6): as few blocks as possible, each row of B loaded once per block.
+  for (; m + 4 <= M; m += 4) gemm_block<4, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  for (; m + 2 <= M; m += 2) gemm_block<2, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
   for (; m < M; ++m) gemm_block<1, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
 }
 
@@ -256,9 +259,17 @@ YOSO_MULTIVERSIONED void forward_head_row(const Problem& p, int64_t head_row, Sc
     block_scores(p, s, p.q + (head_row * n + first) * p.dim, first, rows, spans, scores);
     for (int64_t i = 0; i < rows; ++i) {
       float* row = scores + i * n;
+      Floats tops = Floats{} - std::numeric_limits<float>::infinity();
       float top = -std::numeric_limits<float>::infinity();
-      for (int span = 0; span < spans.count; ++span)
-        for (int64_t j = spans.begin[span]; j < spans.end[span]; ++j) top = std::max(top, row[j]);
+      for (int span = 0; span < spans.count; ++span) {
+        int64_t j = spans.begin[span];
+        for (; j + kLanes <= spans.end[span]; j += kLanes) {
+          const Floats x = load(row + j);
+          tops = x > tops ? x : tops;
+        }
+        for (; j < spans.end[span]; ++j) top = std::max(top, row[j]);
+      }
+      for (int l = 0; l < kLanes; ++l) top = std::max(top, tops[l]);
       float* lse_out = lse + head_row * n + first + i;
       if (top == -std::numeric_limits<float>::infinity()) {  // no key to see: a zero row (softmax's caller avoids it)
         for (int span = 0; span < spans.count; ++span) std::fill(row + spans.begin[span], row + spans.end[span], 0.f);
