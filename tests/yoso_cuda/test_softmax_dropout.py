@@ -100,6 +100,20 @@ def test_the_mask_keeps_each_pair_with_probability_one_minus_p_independently(dro
     assert abs(((other_seed - other_seed.mean()) * centred).mean() / centred.var()) < 5 / math.sqrt(count)
 
 
+@pytest.mark.parametrize("radius, num_global", [(-1, 0), (10, 1)])
+def test_huge_scores_keep_every_gradient_finite(radius, num_global):
+    """Scores of 1e12 and more (weights after a diverging step): the backward's exponent, s / sqrt(d) - lse, rounds
+    above 0 there, and exp of it overflowed into inf and NaN gradients where SDPA's stay finite."""
+    for magnitude in (1e6, 1e10, 1e18):
+        q, k, v, mask = (
+            x if x.dtype == torch.bool else (x.float() * magnitude).requires_grad_()
+            for x in inputs(2, 2, 64, 32, 32, True, seed=8)
+        )
+        out, _ = fused(q, k, v, mask, 0.1, torch.tensor([9]), radius, num_global)
+        out.sum().backward()
+        assert out.isfinite().all() and all(x.grad.isfinite().all() for x in (q, k, v)), magnitude
+
+
 def test_without_dropout_it_equals_sdpa():
     q, k, v, mask = inputs(2, 2, 200, 32, 32, True, seed=3)
     q, k, v = q.float(), k.float(), v.float()

@@ -341,13 +341,16 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
       const float total = dot(grad_out + i * c, g.out + (offset + i) * c, c);
       for (int span = 0; span < spans.count; ++span) {
         int64_t j = spans.begin[span];
+        // s / sqrt(d) - lse <= 0 in exact arithmetic (a probability is at most 1), but rounding can make it
+        // positive where scores are large (1e12 and more after a diverging step): clamped to 0, never past exp's domain.
         for (; j + kLanes <= spans.end[span]; j += kLanes) {
-          const Floats prob = exp_nonpositive(load(row + j) * p.scale - lse);
+          const Floats exponent = load(row + j) * p.scale - lse;
+          const Floats prob = exp_nonpositive(exponent > 0.0f ? Floats{} : exponent);
           store(row + j, prob);
           store(grad_row + j, prob * (load(grad_row + j) - total));
         }
         for (; j < spans.end[span]; ++j) {
-          row[j] = exp_nonpositive(row[j] * p.scale - lse);
+          row[j] = exp_nonpositive(std::min(row[j] * p.scale - lse, 0.0f));
           grad_row[j] = row[j] * (grad_row[j] - total);
         }
       }
