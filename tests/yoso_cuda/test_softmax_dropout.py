@@ -28,6 +28,14 @@ def inputs(batch, heads, length, dim, value_dim, masked, seed):
     return q, k, v, mask
 
 
+def band(length, radius, num_global):
+    """(n, n) bool: query i sees key j (every key for a radius of -1), written here apart from the reference's."""
+    i, j = torch.arange(length)[:, None], torch.arange(length)
+    if radius < 0:
+        return torch.ones(length, length, dtype=torch.bool)
+    return ((i - j).abs() <= radius) | (i < num_global) | (j < num_global)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(
     "batch, heads, length, dim, value_dim, masked, dropout, radius, num_global",
@@ -58,9 +66,7 @@ def test_values_and_gradients_equal_the_dense_reference(
     out.backward(grad.float())
     expected.backward(grad)
     scale = 1 / math.sqrt(dim)
-    i, j = torch.arange(length)[:, None], torch.arange(length)
-    seen = ((i - j).abs() <= radius) | (i < num_global) | (j < num_global) if radius >= 0 else torch.ones((), dtype=torch.bool)
-    seen = seen & (torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, None, :])  # (b, 1, n, n)
+    seen = band(length, radius, num_global) & (torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, None, :])
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
     torch.testing.assert_close(lse.double(), scores.logsumexp(dim=-1), rtol=1e-5, atol=1e-5)
     if 0 <= radius < length // 4 and masked:
@@ -77,8 +83,7 @@ def test_the_kernel_drops_exactly_the_pairs_of_the_reference_mask(radius, num_gl
     q, k = (torch.randn(2, 2, length, 8) for _ in range(2))
     eye = torch.eye(length).expand(2, 2, length, length).contiguous()  # (b, h, n, c = n)
     out, _ = fused(q, k, eye, None, dropout, torch.tensor([987654321]), radius, num_global)
-    i, j = torch.arange(length)[:, None], torch.arange(length)
-    seen = ((i - j).abs() <= radius) | (i < num_global) | (j < num_global) if radius >= 0 else torch.ones(length, length).bool()
+    seen = band(length, radius, num_global)
     keep = reference.dropout_keep(987654321, 2, 2, length, dropout)
     assert torch.equal(out != 0, keep & seen)
     probabilities = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~seen, float("-inf")), dim=-1)
