@@ -12,6 +12,8 @@ The public interface (what ``attention_zoo`` uses):
 * :func:`softmax_dropout_attention`: exact softmax attention with dropout, fused on the CPU, over every key or
   Longformer's band and global tokens (the softmax baseline's training path and Longformer's CPU path,
   :mod:`yoso_cuda.softmax`);
+* :func:`sequence_conv`: the depthwise convolution of the values along the sequence that YOSO-C and Nystromformer
+  add, compiled for the CPU (:mod:`yoso_cuda.conv`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
@@ -20,6 +22,7 @@ every compiled op with the reference on every available device.
 
 from .attention import BACKWARD_ESTIMATORS, lsh_attention
 from .build import BuildReport, KernelBuildError
+from .conv import sequence_conv
 from .ops import (
     BACKENDS,
     has_kernel,
@@ -51,5 +54,6 @@ __all__ = [
     "lsh_lower_bound_gradients",
     "lsh_weighted_cumulation",
     "lsh_weighted_cumulation_both",
+    "sequence_conv",
     "softmax_dropout_attention",
 ]

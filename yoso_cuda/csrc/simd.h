@@ -1,4 +1,4 @@
-// SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp): GNU vector
+// SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp, sequence_conv.cpp): GNU vector
 // extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3) and for the baseline where GCC
 // can multiversion.
 
@@ -70,6 +70,12 @@ YOSO_INLINE void add(float* out, const float* x, int64_t size) {
   int64_t k = 0;
   for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + load(x + k));
   for (; k < size; ++k) out[k] += x[k];
+}
+
+YOSO_INLINE void axpy(float* out, float factor, const float* x, int64_t size) {  // out += factor * x
+  int64_t k = 0;
+  for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) + factor * load(x + k));
+  for (; k < size; ++k) out[k] += factor * x[k];
 }
 
 YOSO_INLINE void scale(float* out, float factor, int64_t size) {
