@@ -12,9 +12,10 @@ Mean pooling follows the original code: the sum over real tokens divided by the 
 
 The step's operators (issue 42): on a CPU every large operator is a parallel region of both threads, and on a loaded
 machine each region waits for a scheduler slice, so a step's time follows their number. There, dropout and the residual
-sum after it are one operator each way (:func:`dropout_add`: the same draws and numbers as ``nn.Dropout`` and ``+``)
-and the position table's gradient is a serial matrix-vector product (:func:`add_positions`); everywhere, the pooling is
-one batched product (:func:`masked_mean`) and the position table is added whole at full length.
+sum after it are one operator each way (:func:`dropout_add`: a fused kernel, or the same draws and numbers as
+``nn.Dropout`` and ``+``) and the position table's gradient is a serial matrix-vector product (:func:`add_positions`);
+everywhere, the pooling is one batched product (:func:`masked_mean`) and the position table is added whole at full
+length.
 
 Retrieval uses the paper's dual encoder: both documents go through the same encoder separately (no
 attention between them) and the head reads ``[u, v, u * v, u - v]`` of their pooled features u, v.
@@ -29,7 +30,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+import yoso_cuda
 from attention_zoo import MultiHeadAttention, check_fields
+from yoso_cuda import has_kernel
 
 from .data.tasks import TaskSpec
 
@@ -216,15 +219,18 @@ class _KeptScaledSum(torch.autograd.Function):
 
 
 def dropout_add(dropout: nn.Dropout, y: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``dropout(y)``, plus ``residual`` where given: what ``nn.Dropout`` and ``+`` compute, from the same random draws,
-    in one operator each way (on a CPU, ``F.dropout`` takes two forward, the noise's division and the product, and the
-    sum a third).
+    """``dropout(y)``, plus ``residual`` where given, in one operator each way on a CPU in float32 (there ``F.dropout``
+    takes two forward, the noise's division and the product, and the sum a third).
 
-    ``F.dropout`` on a CPU draws ``keep = bernoulli(1 - p)`` into a tensor like ``y``, divides it by ``1 - p`` and
-    multiplies; here the same draw is scaled inside the product, ``y * keep * (1 / (1 - p))`` (float32 rounds that
-    reciprocal to the noise's value, so the product is the same number), and the residual is added in the same pass.
-    Elsewhere the plain modules: without dropout (evaluation, p = 0), at p = 1, outside float32 (under bf16 autocast
-    the noise is a bf16 number), and on a GPU, where ``F.dropout`` is one fused kernel with its own random stream.
+    Where YOSO's CPU kernels are built, ``yoso_cuda.dropout_add``: the mask from a counter-based hash, made again in
+    the backward, at a twentieth of the time of ``F.dropout``'s ``bernoulli_`` draw (results/step_cpu_dropout/);
+    dropout's distribution, not its random stream. Otherwise what ``nn.Dropout`` and ``+`` compute from the same
+    draws: ``F.dropout`` on a CPU draws
+    ``keep = bernoulli(1 - p)`` into a tensor like ``y``, divides it by ``1 - p`` and multiplies; here the same draw is
+    scaled inside the product, ``y * keep * (1 / (1 - p))`` (float32 rounds that reciprocal to the noise's value, so
+    the product is the same number), and the residual is added in the same pass. Elsewhere the plain modules: without
+    dropout (evaluation, p = 0), at p = 1, outside float32 (under bf16 autocast the noise is a bf16 number), and on a
+    GPU, where ``F.dropout`` is one fused kernel with its own random stream.
     """
     p = dropout.p
     if not dropout.training or p == 0:
@@ -233,6 +239,8 @@ def dropout_add(dropout: nn.Dropout, y: torch.Tensor, residual: torch.Tensor | N
     if not (0 < p < 1 and float32 and y.device.type == "cpu"):
         dropped = dropout(y)
         return dropped if residual is None else residual + dropped
+    if has_kernel(y.device):
+        return yoso_cuda.dropout_add(y, residual, p)
     keep = torch.empty_like(y).bernoulli_(1 - p)  # F.dropout's draw: same generator, same order
     return _KeptScaledSum.apply(y, keep, 1 / (1 - p), residual)
 

@@ -14,6 +14,8 @@ The public interface (what ``attention_zoo`` uses):
   :mod:`yoso_cuda.softmax`);
 * :func:`sequence_conv`: the depthwise convolution of the values along the sequence that YOSO-C and Nystromformer
   add, compiled for the CPU (:mod:`yoso_cuda.conv`);
+* :func:`dropout_add`: dropout with the residual sum after it, fused on the CPU (the LRA model's dropout between
+  its layers, :mod:`yoso_cuda.dropout`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
@@ -23,6 +25,7 @@ every compiled op with the reference on every available device.
 from .attention import BACKWARD_ESTIMATORS, lsh_attention
 from .build import BuildReport, KernelBuildError
 from .conv import sequence_conv
+from .dropout import dropout_add
 from .ops import (
     BACKENDS,
     has_kernel,
@@ -43,6 +46,7 @@ __all__ = [
     "BACKWARD_ESTIMATORS",
     "BuildReport",
     "KernelBuildError",
+    "dropout_add",
     "expected_collisions",
     "has_kernel",
     "hash_codes",

@@ -1,8 +1,9 @@
 """Just-in-time build of YOSO's two kernel libraries with ``torch.utils.cpp_extension.load`` and ninja.
 
 * ``cpu``: ``csrc/yoso.cpp``, the ops' schemas (``TORCH_LIBRARY(yoso)``) and their CPU kernels, and
-  ``csrc/softmax_dropout.cpp``, the softmax and Longformer baselines' fused dropout attention, and
-  ``csrc/sequence_conv.cpp``, YOSO-C's and Nystromformer's depthwise convolution of V (both CPU only). It
+  ``csrc/softmax_dropout.cpp``, the softmax and Longformer baselines' fused dropout attention,
+  ``csrc/sequence_conv.cpp``, YOSO-C's and Nystromformer's depthwise convolution of V, and ``csrc/dropout.cpp``,
+  the model's dropout with its residual sum (all three CPU only). It
   is built wherever a C++ compiler is found, first, since the CUDA library only adds kernels to it.
 * ``cuda``: ``csrc/cuda/*.cu``, the CUDA kernels (``TORCH_LIBRARY_IMPL(yoso, CUDA)``), loaded after
   the CPU library. It is wanted when torch is a CUDA build and there is something to compile for:
@@ -239,7 +240,7 @@ def _openmp_flags() -> list[str]:
 
 def library_sources(device: str) -> list[Path]:
     if device == "cpu":
-        return [SOURCES / "yoso.cpp", SOURCES / "softmax_dropout.cpp", SOURCES / "sequence_conv.cpp"]
+        return [SOURCES / name for name in ("yoso.cpp", "softmax_dropout.cpp", "sequence_conv.cpp", "dropout.cpp")]
     return sorted((SOURCES / "cuda").glob("*.cu"))
 
 

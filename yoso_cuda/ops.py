@@ -38,12 +38,13 @@ def kernels() -> BuildReport:
     """Build or load the kernel libraries once per process."""
     report = build()  # raises under YOSO_KERNELS=require when a wanted library is missing
     if report.cpu.loaded:
-        from . import conv, softmax  # import ops: registered once the library is loaded
+        from . import conv, dropout, softmax  # import ops: registered once the library is loaded
 
         _register_fake_kernels()
         _register_autograd()
         softmax.register()
         conv.register()
+        dropout.register()
     if report.missing:
         reasons = "; ".join(f"{library.device}: {library.reason}" for library in report.missing)
         warnings.warn(

@@ -27,6 +27,7 @@ and the collided-pair gradient enumerates colliding pairs in bounded chunks.
 
 * :func:`softmax_dropout_attention`: exact softmax attention with dropout on its probabilities,
   under the counter-based mask of the fused CPU kernel (:func:`dropout_keep`), densely.
+* :func:`element_keep`: the mask of ``yoso::dropout_add``, the model's fused dropout, by flat index.
 
 Masked (padded) keys never enter a bucket and masked queries get zero rows. Every op refuses the
 arguments the compiled kernels refuse, in their words (:mod:`yoso_cuda.argument_checks`), a code
@@ -402,3 +403,15 @@ def softmax_dropout_attention(
     scores = (q @ k.transpose(-1, -2) / math.sqrt(dim)).masked_fill(~allowed & seen, float("-inf"))  # (b, h, n, n)
     keep = dropout_keep(seed, batch, heads, length, dropout).to(q.device)
     return (scores.softmax(dim=-1) * seen * keep / (1 - dropout)) @ v
+
+
+HIGH_STRIDE, ELEMENT_STRIDE = 0x9E3779B9, 0xC2B2AE3D  # csrc/dropout.cpp
+
+
+def element_keep(seed: int, numel: int, dropout: float) -> torch.Tensor:
+    """Which elements ``yoso::dropout_add`` keeps, by their flat index: ``(numel,)`` bool."""
+    index = torch.arange(numel, dtype=torch.int64)
+    high, low = index >> 32, index & WORD
+    key = _mix(_mix(((seed & WORD) + high * HIGH_STRIDE) & WORD) ^ ((seed >> 32) & WORD))
+    hashes = _mix(key ^ ((low * ELEMENT_STRIDE) & WORD))
+    return hashes >= min(round(math.ldexp(dropout, 32)), WORD)

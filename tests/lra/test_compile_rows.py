@@ -35,6 +35,10 @@ FAST_STEPS = 8  # the fast test's steps, each on another of the batches
 EVALUATION_BATCHES = 2
 # Losses agree to float rounding (aot_eager: to the bit so far), which Adam's steps may grow a little over a run.
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+# Under bf16 autocast aot_eager rounds bfloat16 products a little otherwise than eager: over the fast test's 8 steps the
+# losses parted by up to 4e-5 (relative) with F.dropout's masks and 1.7e-4 (Performer) with the fused dropout's, both a
+# twentieth of bfloat16's resolution (2^-8) or less.
+BF16_TOLERANCE = {"rtol": 5e-4, "atol": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +105,9 @@ def compare(row, backend, steps, training, evaluation, precision="32"):
     compile_model(compiled, recording)
     losses, evaluation_losses, accuracy = train_and_evaluate(compiled, training, evaluation, steps, precision)
 
-    torch.testing.assert_close(losses, expected[0], **TOLERANCE)
-    torch.testing.assert_close(evaluation_losses, expected[1], **TOLERANCE)
+    tolerance = TOLERANCE if precision == "32" else BF16_TOLERANCE
+    torch.testing.assert_close(losses, expected[0], **tolerance)
+    torch.testing.assert_close(evaluation_losses, expected[1], **tolerance)
     torch.testing.assert_close(accuracy, expected[2])
     assert losses.unique().numel() > steps // 2, "the steps' batches and dropout vary the loss: the comparison bites"
     # One graph for training and one for evaluation over batches of every padding (no recompilation, no graph break),

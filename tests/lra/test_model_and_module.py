@@ -6,6 +6,7 @@ from unittest.mock import PropertyMock, patch
 import pytest
 import torch
 
+import lra.model
 from lra.data.tasks import get_spec
 from lra.model import (
     AttentionConfig,
@@ -19,6 +20,8 @@ from lra.model import (
     masked_mean,
 )
 from lra.module import LRAClassificationModule, classification_loss
+from yoso_cuda import ops, reference
+from yoso_cuda.softmax import SEED_RANGE
 
 NO_DROPOUT = ModelConfig(dropout=0.0)
 
@@ -187,8 +190,14 @@ def test_an_int_model_dropout_is_a_float():
 # before it, written out with nn.Dropout, +, (features * mask).mean(1) and F.cross_entropy.
 
 
+@pytest.fixture
+def bernoulli_dropout(monkeypatch):
+    """dropout_add without the fused kernel: F.dropout's own draws (where the kernels are not built, and compiled)."""
+    monkeypatch.setattr(lra.model, "has_kernel", lambda device: False)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_add_draws_and_computes_what_nn_dropout_and_the_sum_do(p):
+def test_dropout_add_draws_and_computes_what_nn_dropout_and_the_sum_do(p, bernoulli_dropout):
     dropout = torch.nn.Dropout(p).train()
     y = torch.randn(3, 50, 8, requires_grad=True)
     residual = torch.randn(3, 50, 8, requires_grad=True)
@@ -213,6 +222,22 @@ def test_dropout_add_draws_and_computes_what_nn_dropout_and_the_sum_do(p):
     expected, expected_grad_y, expected_grad_residual = results["summed"]
     torch.testing.assert_close(out, expected)
     assert torch.equal(grad_y, expected_grad_y) and torch.equal(grad_residual, expected_grad_residual)
+
+
+@pytest.mark.skipif(not ops.kernels().cpu.loaded, reason="CPU kernels not built")
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_add_on_the_kernel_drops_the_reference_mask_of_a_seed_from_torchs_generator(p):
+    dropout = torch.nn.Dropout(p).train()
+    y, residual, grad = (torch.randn(3, 50, 8, requires_grad=True) for _ in range(3))
+    torch.manual_seed(1)
+    out = dropout_add(dropout, y, residual)
+    out.backward(grad)
+    torch.manual_seed(1)
+    seed = torch.randint(SEED_RANGE, (1,)).item()
+    factor = reference.element_keep(seed, y.numel(), p).view(y.shape) * torch.tensor(1 / (1 - p), dtype=torch.float32)
+    torch.testing.assert_close(out, residual.detach() + y.detach() * factor, rtol=1e-6, atol=1e-6)
+    assert torch.equal(y.grad, grad * factor) and torch.equal(residual.grad, grad)
+    assert 0 < (factor == 0).float().mean() < 1
 
 
 def test_dropout_add_without_dropout_or_outside_float32_is_the_plain_sum():
@@ -293,9 +318,10 @@ def previous_step_loss(lra_module, batch):
 
 
 @pytest.mark.parametrize("attention", ["none", "softmax"])
-def test_a_short_training_takes_the_losses_of_the_previous_step(attention):
+def test_a_short_training_takes_the_losses_of_the_previous_step(attention, bernoulli_dropout):
     """Eight steps with dropout 0.1 from one seed: the module's step and the previous step's formula (above), each
-    with the module's AdamW and OneCycleLR, give the same losses to float rounding, from the same dropout draws."""
+    with the module's AdamW and OneCycleLR, give the same losses to float rounding, from the same dropout draws
+    (F.dropout's: the fused kernel draws its own)."""
     generator = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(8):

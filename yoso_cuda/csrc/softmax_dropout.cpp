@@ -34,6 +34,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include "random.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -45,31 +46,12 @@
 namespace yoso {
 namespace {
 
-typedef uint32_t Uints __attribute__((vector_size(32)));
-
-// The murmur3 finaliser: a bijection of 32-bit words whose every output bit depends on every input
-// bit. Written once for a word and for 8 lanes (the operators are the same).
-template <typename Word>
-YOSO_INLINE Word mix(Word x) {
-  x ^= x >> 16;
-  x *= 0x85ebca6bu;
-  x ^= x >> 13;
-  x *= 0xc2b2ae35u;
-  x ^= x >> 16;
-  return x;
-}
-
 constexpr uint32_t kRowStride = 0x9e3779b9u, kQueryStride = 0x85ebca77u, kKeyStride = 0xc2b2ae3du;
 
 // The hash of every (query, key) pair of query `query` in head row `head_row` is mix(row ^ key * kKeyStride).
 YOSO_INLINE uint32_t row_key(uint64_t seed, uint64_t head_row, uint64_t query) {
   const uint32_t seeded = mix(static_cast<uint32_t>(head_row) * kRowStride + static_cast<uint32_t>(seed));
   return mix(mix(seeded ^ static_cast<uint32_t>(seed >> 32)) + static_cast<uint32_t>(query) * kQueryStride);
-}
-
-// A key is dropped when its hash is below `threshold` = round(p 2^32): probability p to within 2^-33.
-uint32_t drop_threshold(double dropout) {
-  return static_cast<uint32_t>(std::min(std::nearbyint(std::ldexp(dropout, 32)), 4294967295.0));
 }
 
 // exp(x) for x <= 0 (scores minus their row's max), by the Cephes polynomial: within 2 ulp of
