@@ -21,7 +21,11 @@ def inputs(batch, heads, length, dim, value_dim, masked, seed):
     q, k = (torch.randn(batch, heads, length, dim, generator=generator, dtype=torch.float64) for _ in range(2))
     v = torch.randn(batch, heads, length, value_dim, generator=generator, dtype=torch.float64)
     mask = None
-    if masked:
+    if masked == "right":  # sequences of lengths 1 to n padded at the end, as the LRA tasks pad them
+        lengths = torch.randint(1, length + 1, (batch,), generator=generator)
+        lengths[0] = 1 + length // 3  # a row whose last real key is not at the end of a vector of 8 keys
+        mask = torch.arange(length) < lengths[:, None]
+    elif masked:
         mask = torch.rand(batch, length, generator=generator) < 0.6
         mask[:, -1] = True  # every sequence has a real key (the attention's caller guarantees it)
         mask[0, : length // 2] = False  # a long run of padding at the start
@@ -51,6 +55,10 @@ def band(length, radius, num_global):
         (1, 3, 200, 16, 16, True, 0.1, 1, 0),
         (2, 2, 300, 8, 12, False, 0.2, 100, 70),
         (1, 2, 150, 16, 16, True, 0.0, 149, 2),
+        # Right padding: the keys after the last real one are not scored, nor (backward) the padded queries, whose
+        # output gradient is zero as in a model; with a band, blocks whose band lies wholly in the padding.
+        (3, 2, 203, 16, 12, "right", 0.1, -1, 0),
+        (3, 2, 203, 16, 12, "right", 0.2, 30, 2),
     ],
 )
 def test_values_and_gradients_equal_the_dense_reference(
@@ -63,13 +71,15 @@ def test_values_and_gradients_equal_the_dense_reference(
     q64, k64, v64 = (x.clone().requires_grad_() for x in (q, k, v))
     expected = reference.softmax_dropout_attention(q64, k64, v64, mask, dropout, mask_seed, radius, num_global)
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if masked == "right":
+        grad = grad * mask[:, None, :, None]  # the padded positions reach no loss
     out.backward(grad.float())
     expected.backward(grad)
     scale = 1 / math.sqrt(dim)
     seen = band(length, radius, num_global) & (torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, None, :])
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
     torch.testing.assert_close(lse.double(), scores.logsumexp(dim=-1), rtol=1e-5, atol=1e-5)
-    if 0 <= radius < length // 4 and masked:
+    if 0 <= radius < length // 4 and masked is True:
         assert (~seen.any(dim=-1)).any(), "some queries in the padding at the start see no real key: zero rows"
     for ours, theirs in ((out, expected), (q32.grad, q64.grad), (k32.grad, k64.grad), (v32.grad, v64.grad)):
         torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-6 + 2e-5 * theirs.abs().max().item())
