@@ -45,9 +45,11 @@ Hadamard, the official code's family, stays the default.
 
 The measurements behind both paragraphs: results/README.md#yosos-gradient-estimators-and-hash-families.
 
-YOSO-E (``expectation: true``) computes ``normalise(E V)`` densely, O(n^2): with ``backward: exact``
+YOSO-E (``expectation: true``) computes ``normalise(E V)``, O(n^2): with ``backward: exact``
 its gradient is autograd's true gradient (x clamped to 1 - 1e-6 so it stays finite), with
-``lower_bound`` the dense (tau/2) E surrogate, as the official yoso_v1 YOSO-E.
+``lower_bound`` the (tau/2) E surrogate, as the official yoso_v1 YOSO-E. ``lower_bound`` runs on a CPU in float32 on
+``yoso_cuda.expectation_attention``, fused block by block of queries without the padding's work, where the kernels
+are built (and ``backend`` is not ``reference``); everything else computes the (b h, n, n) weights densely.
 
 ``yoso_e_flex`` (its own attention, with YOSO-E's hyperparameters only) computes the same on FlexAttention's fused
 kernels, without the n x n weights in memory and without the padding's work. Softmax's row sums
@@ -142,16 +144,24 @@ def fold_heads(q, k, v, real):
     return folded, queries, keys, values
 
 
-def expectation(q, k, v, real, hash_bits, backward):
-    """YOSO-E's ``E V`` (b, h, n, dv) of ``q, k`` (b, h, n, d), ``v`` (b, h, n, dv) and ``real`` (b, n), densely."""
+def expectation(q, k, v, real, hash_bits, backward, backend="auto"):
+    """YOSO-E's ``E V`` (b, h, n, dv) of ``q, k`` (b, h, n, d), ``v`` (b, h, n, dv) and ``real`` (b, n): fused on a
+    CPU in float32 where the kernels are built (``lower_bound``), else densely."""
     batch, heads, length, _ = q.shape
     folded, queries, keys, values = fold_heads(q, k, v, real)
+    if backward == "lower_bound" and backend != "reference" and fused_expectation_runs(queries):
+        out = yoso_cuda.expectation_attention(queries, keys, values, folded, hash_bits)
+        return out.view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
     pair_mask = (folded[:, :, None] & folded[:, None, :]).float()  # (B, n, n)
     if backward == "exact":
         out = expectation_exact(queries, keys, values, pair_mask, hash_bits)
     else:
         out = ExpectationLowerBound.apply(queries, keys, values, pair_mask, hash_bits)
     return out.view(batch, heads, length, v.shape[-1])  # (b, h, n, dv)
+
+
+def fused_expectation_runs(queries: torch.Tensor) -> bool:
+    return queries.device.type == "cpu" and queries.dtype == torch.float32 and yoso_cuda.has_kernel(queries.device)
 
 
 FLEX_BLOCK = 128  # FlexAttention's default block of queries and of keys
@@ -240,7 +250,8 @@ class YosoAttention(Attention):
         batch, heads, length, _ = q.shape
         real = torch.ones(batch, length, dtype=torch.bool, device=q.device) if mask is None else mask
         if self.config.expectation:
-            return self.finish(expectation(q, k, v, real, self.hash_bits, self.config.backward), v)
+            out = expectation(q, k, v, real, self.hash_bits, self.config.backward, self.config.backend)  # (b, h, n, dv)
+            return self.finish(out, v)
         folded_mask, queries, keys, values = fold_heads(q, k, v, real)
         query_codes, key_codes = self.hash(queries.detach(), keys.detach())
         out = yoso_cuda.lsh_attention(
@@ -277,6 +288,7 @@ class YosoExpectationConfig:
     backward: Literal["lower_bound", "exact"] = "lower_bound"  # the (tau/2) E surrogate of yoso_v1, or the true gradient
     conv_window: int | None = None  # a per-head depthwise convolution of V (odd width), as YOSO-C adds
     expectation: ClassVar[bool] = True  # YOSO-E, always: not a hyperparameter
+    backend: ClassVar[yoso_cuda.ops.Backend] = "auto"  # yoso_e's fused CPU kernel where FlexAttention does not run
 
     def __post_init__(self) -> None:
         if self.hash_bits is not None and not 1 <= self.hash_bits <= MAX_HASH_BITS:
@@ -287,7 +299,7 @@ class YosoExpectationConfig:
 @register("yoso_e_flex")
 class FlexYosoExpectation(YosoAttention):
     """YOSO-E on FlexAttention's fused kernels where they run backward (CUDA): ``yoso_e``'s values and gradients
-    without the n x n weights in memory and the padding's work; elsewhere ``yoso_e``'s dense path."""
+    without the n x n weights in memory and the padding's work; elsewhere ``yoso_e``'s path."""
 
     Config = YosoExpectationConfig
 

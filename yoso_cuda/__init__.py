@@ -16,6 +16,8 @@ The public interface (what ``attention_zoo`` uses):
   add, compiled for the CPU (:mod:`yoso_cuda.conv`);
 * :func:`dropout_add`: dropout with the residual sum after it, fused on the CPU (the LRA model's dropout between
   its layers, :mod:`yoso_cuda.dropout`);
+* :func:`expectation_attention`: YOSO-E's attention with its lower-bound gradient, fused on the CPU without the
+  padding's work (:mod:`yoso_cuda.expectation`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
@@ -26,6 +28,7 @@ from .attention import BACKWARD_ESTIMATORS, lsh_attention
 from .build import BuildReport, KernelBuildError
 from .conv import sequence_conv
 from .dropout import dropout_add
+from .expectation import expectation_attention
 from .ops import (
     BACKENDS,
     has_kernel,
@@ -47,6 +50,7 @@ __all__ = [
     "BuildReport",
     "KernelBuildError",
     "dropout_add",
+    "expectation_attention",
     "expected_collisions",
     "has_kernel",
     "hash_codes",

@@ -2,8 +2,8 @@
 
 * ``cpu``: ``csrc/yoso.cpp``, the ops' schemas (``TORCH_LIBRARY(yoso)``) and their CPU kernels, and
   ``csrc/softmax_dropout.cpp``, the softmax and Longformer baselines' fused dropout attention,
-  ``csrc/sequence_conv.cpp``, YOSO-C's and Nystromformer's depthwise convolution of V, and ``csrc/dropout.cpp``,
-  the model's dropout with its residual sum (all three CPU only). It
+  ``csrc/sequence_conv.cpp``, YOSO-C's and Nystromformer's depthwise convolution of V, ``csrc/dropout.cpp``,
+  the model's dropout with its residual sum, and ``csrc/expectation.cpp``, YOSO-E's attention (all four CPU only). It
   is built wherever a C++ compiler is found, first, since the CUDA library only adds kernels to it.
 * ``cuda``: ``csrc/cuda/*.cu``, the CUDA kernels (``TORCH_LIBRARY_IMPL(yoso, CUDA)``), loaded after
   the CPU library. It is wanted when torch is a CUDA build and there is something to compile for:
@@ -240,7 +240,8 @@ def _openmp_flags() -> list[str]:
 
 def library_sources(device: str) -> list[Path]:
     if device == "cpu":
-        return [SOURCES / name for name in ("yoso.cpp", "softmax_dropout.cpp", "sequence_conv.cpp", "dropout.cpp")]
+        names = ("yoso.cpp", "softmax_dropout.cpp", "sequence_conv.cpp", "dropout.cpp", "expectation.cpp")
+        return [SOURCES / name for name in names]
     return sorted((SOURCES / "cuda").glob("*.cu"))
 
 

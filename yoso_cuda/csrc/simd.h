@@ -1,6 +1,6 @@
-// SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp, sequence_conv.cpp): GNU vector
-// extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3) and for the baseline where GCC
-// can multiversion.
+// SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp, sequence_conv.cpp, dropout.cpp,
+// expectation.cpp): GNU vector extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3) and for the baseline
+// where GCC can multiversion.
 
 #pragma once
 

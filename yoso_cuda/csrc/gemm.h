@@ -1,0 +1,74 @@
+// The small GEMMs of the blockwise dense attentions (softmax_dropout.cpp, expectation.cpp): a block of
+// queries against every key, with register blocking and no packing, since one operand is always a
+// block of at most 64 rows that stays in cache.
+
+#pragma once
+
+#include "simd.h"
+
+#include <cstdint>
+
+namespace yoso {
+namespace {
+
+// C (M x N, row stride ldc) = or += alpha * A B, with A(m, k) = a[m * a_row + k * a_col] and B (K x N,
+// row stride ldb). Blocks of 6 rows x 16 columns accumulate in registers; A's elements are broadcast.
+template <int kRows, int kVectors>
+YOSO_INLINE void gemm_block(int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                            int64_t ldc, float alpha, bool accumulate) {
+  Floats sum[kRows][kVectors] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    Floats row[kVectors];
+    for (int v = 0; v < kVectors; ++v) row[v] = load(b + k * ldb + v * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const Floats weight = Floats{} + a[r * a_row + k * a_col];
+      for (int v = 0; v < kVectors; ++v) sum[r][v] += weight * row[v];
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVectors; ++v) {
+      float* out = c + r * ldc + v * kLanes;
+      store(out, accumulate ? load(out) + alpha * sum[r][v] : alpha * sum[r][v]);
+    }
+}
+
+template <int kVectors>
+YOSO_INLINE void gemm_columns(int64_t M, int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                              float* c, int64_t ldc, float alpha, bool accumulate) {
+  constexpr int kRows = 12 / kVectors;  // 12 accumulators, the loaded row and a broadcast: 16 AVX2 registers or fewer
+  int64_t m = 0;
+  for (; m + kRows <= M; m += kRows)
+    gemm_block<kRows, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  // The rows left (a block of 64 leaves 4 of 6): as few blocks as possible, each row of B loaded once per block.
+  for (; m + 4 <= M; m += 4) gemm_block<4, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  for (; m + 2 <= M; m += 2) gemm_block<2, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+  for (; m < M; ++m) gemm_block<1, kVectors>(K, a + m * a_row, a_row, a_col, b, ldb, c + m * ldc, ldc, alpha, accumulate);
+}
+
+YOSO_INLINE void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                      int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
+  int64_t n = 0;
+  for (; n + 2 * kLanes <= N; n += 2 * kLanes) gemm_columns<2>(M, K, a, a_row, a_col, b + n, ldb, c + n, ldc, alpha, accumulate);
+  for (; n + kLanes <= N; n += kLanes) gemm_columns<1>(M, K, a, a_row, a_col, b + n, ldb, c + n, ldc, alpha, accumulate);
+  for (; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < K; ++k) sum += a[m * a_row + k * a_col] * b[k * ldb + n];
+      c[m * ldc + n] = accumulate ? c[m * ldc + n] + alpha * sum : alpha * sum;
+    }
+}
+
+YOSO_INLINE bool all_zero(const float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (x[i] != 0.f) return false;
+  return true;
+}
+
+// (rows x cols) -> (cols x rows)
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+}  // namespace
+}  // namespace yoso
