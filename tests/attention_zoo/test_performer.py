@@ -249,12 +249,20 @@ def written_out_favor(attn, q, k, v, mask):
 
 
 @pytest.mark.parametrize("preset", ["performer", "performer_lra"])
-@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "masked"])
-def test_gradients_equal_autograd_through_the_written_out_features(preset, masked):
+@pytest.mark.parametrize(
+    "masked, whole_batch",
+    [(False, True), (True, False), (True, True)],
+    ids=["no-mask", "masked-per-sequence", "masked-whole-batch"],
+)
+def test_gradients_equal_autograd_through_the_written_out_features(preset, masked, whole_batch, monkeypatch):
     """``favor``'s own backward (features never formed) against autograd over ``positive_random_features``, in
     float64 (``favor``: the module's forward takes float32 at most): the stabiliser's max differentiated through,
     its gradient split evenly among tied logits (two equal projection rows, the longest, at which a query row and a
-    key reach their max), padded keys, a sequence with every key padded; and torch's gradient check."""
+    key reach their max), padded keys (a hole, right padding, a sequence with every key padded); and torch's gradient
+    check. With a mask on the CPU ``favor`` computes each sequence up to its last real position; the whole batch at
+    once is what it runs on a GPU and under torch.compile, here forced by making it believe it is compiling."""
+    if whole_batch:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     torch.manual_seed(0)
     attn = attention_zoo.build(preset, seq_len=16, num_heads=2, head_dim=8).double()
     longest = attn.projection[attn.projection.norm(dim=-1).argmax()].clone()
@@ -265,6 +273,7 @@ def test_gradients_equal_autograd_through_the_written_out_features(preset, maske
     if masked:
         mask = torch.ones(3, 16, dtype=torch.bool)
         mask[1, 10:] = False
+        mask[1, 4] = False  # a hole before the last real position
         mask[2] = False
     weights = torch.linspace(-1, 1, v.numel(), dtype=torch.float64).view_as(v)
 
