@@ -4,12 +4,15 @@ softmax(Q K^T / sqrt(d)) V with dropout on the attention probabilities in traini
 Nystromformer/YOSO LRA code runs it. Two paths compute it:
 
 * ``torch.nn.functional.scaled_dot_product_attention``, which picks the fastest backend available
-  (flash, memory-efficient, cuDNN, or the math fallback): evaluation, GPUs, and non-float32 inputs;
-* on a CPU in training with dropout, ``yoso_cuda.softmax_dropout_attention``, a fused kernel with
-  the dropout inside: PyTorch's CPU flash kernel has no dropout, so SDPA would fall back to its
+  (flash, memory-efficient, cuDNN, or the math fallback): GPUs, non-float32 inputs, and CPUs where
+  YOSO's kernels are not built;
+* on a CPU in float32, ``yoso_cuda.softmax_dropout_attention``, a fused kernel with the dropout
+  inside: PyTorch's CPU flash kernel has no dropout, so in training SDPA would fall back to its
   math path, which materialises every head's n x n probabilities and mask (a ListOps training step
   of the paper's model, batch 32, n = 2048: 15 s on that path; results/README.md has the measurements).
-  Its mask has dropout's distribution but its own random stream (:mod:`yoso_cuda.softmax`).
+  Its mask has dropout's distribution but its own random stream (:mod:`yoso_cuda.softmax`). In
+  evaluation (no dropout) it also beats SDPA's flash kernel, since it skips the keys after a
+  sequence's last real one (results/step_cpu_softmax_eval/).
 
 A key padding mask is passed to SDPA only when some token is padded, because any mask moves SDPA
 off its flash backend (under ``torch.compile``, which cannot branch on the mask's values, it is
@@ -68,7 +71,7 @@ class SoftmaxAttention(Attention):
     def attend(self, q, k, v, mask):
         dropout = self.config.dropout if self.training else 0.0
         key_mask = None if mask is None else mask | ~mask.any(dim=1, keepdim=True)  # (b, n)
-        if dropout > 0 and q.device.type == "cpu" and q.dtype == torch.float32 and has_kernel(q.device):
+        if q.device.type == "cpu" and q.dtype == torch.float32 and has_kernel(q.device):
             return softmax_dropout_attention(q, k, v, key_mask, dropout)
         if key_mask is not None and not torch.compiler.is_compiling() and bool(key_mask.all()):
             key_mask = None

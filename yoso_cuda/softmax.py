@@ -67,6 +67,7 @@ def softmax_dropout_attention(
     ``q, k`` (batch, heads, n, d), ``v`` (batch, heads, n, c), ``key_mask`` (batch, n) bool (True = real
     key) or None. ``radius`` >= 0: query i sees key j only where ``|i - j| <= radius`` or either is among the
     first ``num_global`` positions (-1: every key). A query with no key to see gets a zero row (softmax's caller
-    unmasks a sequence without a real key first). A fresh mask seed is drawn from torch's generator."""
-    seed = torch.randint(SEED_RANGE, (1,), dtype=torch.int64)
+    unmasks a sequence without a real key first). With ``dropout > 0`` a fresh mask seed is drawn from torch's
+    generator; without, nothing is drawn, so an evaluation leaves training's random stream as it was."""
+    seed = torch.randint(SEED_RANGE, (1,), dtype=torch.int64) if dropout > 0 else torch.zeros(1, dtype=torch.int64)
     return torch.ops.yoso.softmax_dropout_attention(q, k, v, key_mask, dropout, seed, radius, num_global)[0]

@@ -75,6 +75,17 @@ def test_dropout_only_in_training(name):
     assert not torch.allclose(attn.train()(q, k, v).double(), expected, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", SOFTMAX)
+def test_evaluation_leaves_the_global_random_stream_alone(name):
+    """On a CPU in float32 evaluation runs on the fused kernel too, with no dropout: it must draw no seed, or every
+    evaluation would shift the dropout of the training steps after it."""
+    attn = attention_zoo.build(name, seq_len=16, num_heads=2, head_dim=4, dropout=0.1).eval()
+    q, k, v = random_qkv(4, 16, heads=2, head_dim=4)
+    state = torch.get_rng_state()
+    attn(q, k, v, ragged_mask(16))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_none_returns_the_values_with_padded_rows_zeroed():
     attn = attention_zoo.build("none", seq_len=6, num_heads=2, head_dim=3)
     q, k, v = (torch.randn(2, 2, 6, 3) for _ in range(3))
