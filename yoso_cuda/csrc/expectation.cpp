@@ -97,13 +97,11 @@ struct Scratch {
   Scratch(const Problem& p)
       : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), key_weight(p.n), weights(p.block() * p.n), grads(p.block() * p.n) {}
 
-  // keys_end is rounded up to whole vectors of keys (the keys after the last real one weigh 0).
+  // The queries after the last real position are padded (zero rows), and the keys there weigh 0.
   void start(const Problem& p, int64_t head_row, bool with_values) {
     const bool* real = p.real + head_row * p.n;
-    int64_t last_real = p.n - 1;
-    while (last_real >= 0 && !real[last_real]) --last_real;
-    queries_end = last_real + 1;
-    keys_end = std::min(p.n, (last_real + kLanes) / kLanes * kLanes);
+    queries_end = real_end(real, p.n);
+    keys_end = keys_to_score(queries_end, p.n);
     transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
     if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
     for (int64_t j = 0; j < p.n; ++j) key_weight[j] = real[j] ? 1.f : 0.f;

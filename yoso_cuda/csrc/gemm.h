@@ -1,11 +1,12 @@
-// The small GEMMs of the blockwise dense attentions (softmax_dropout.cpp, expectation.cpp): a block of
-// queries against every key, with register blocking and no packing, since one operand is always a
-// block of at most 64 rows that stays in cache.
+// What the blockwise dense attentions (softmax_dropout.cpp, expectation.cpp) share: their small GEMMs, a block of
+// queries against every key, with register blocking and no packing, since one operand is always a block of at most
+// 64 rows that stays in cache; and the keys of a right-padded row worth scoring.
 
 #pragma once
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace yoso {
@@ -58,11 +59,17 @@ YOSO_INLINE void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a
     }
 }
 
-YOSO_INLINE bool all_zero(const float* x, int64_t count) {
-  for (int64_t i = 0; i < count; ++i)
-    if (x[i] != 0.f) return false;
-  return true;
+// One past the last real position of a row of n (0 if none; n without a mask: every position real).
+YOSO_INLINE int64_t real_end(const bool* real, int64_t n) {
+  int64_t end = n;
+  while (real && end > 0 && !real[end - 1]) --end;
+  return end;
 }
+
+// The keys worth scoring for a row whose real ones end at `end`: the keys after its last real one weigh 0 for every
+// query (ListOps' rows are about half padding), and the count is rounded up to whole vectors of keys, so that the
+// sums over the kept keys run in the same lanes and order as over all n.
+YOSO_INLINE int64_t keys_to_score(int64_t end, int64_t n) { return std::min(n, (end + kLanes - 1) / kLanes * kLanes); }
 
 // (rows x cols) -> (cols x rows)
 void transpose(const float* in, int64_t rows, int64_t cols, float* out) {

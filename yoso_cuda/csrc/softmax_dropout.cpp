@@ -82,6 +82,12 @@ YOSO_INLINE Floats exp_nonpositive(Floats x) {
 // The same for one float, through the same arithmetic (tails of rows not a multiple of 8 long).
 YOSO_INLINE float exp_nonpositive(float x) { return exp_nonpositive(Floats{} + x)[0]; }
 
+YOSO_INLINE bool all_zero(const float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (x[i] != 0.f) return false;
+  return true;
+}
+
 struct Problem {
   int64_t head_rows, heads, n, dim, value_dim;
   const float *q, *k, *v;
@@ -105,16 +111,13 @@ struct Scratch {
       : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), bias(p.n), scores(p.block() * p.n), grads(p.block() * p.n) {}
 
   // A right-padded row's keys after its last real one have probability 0 for every query and gradient 0:
-  // they are not scored at all (ListOps' rows are about half padding). keys_end is rounded up to whole
-  // vectors of keys, so that the sums over the kept keys run in the same lanes and order as over all n.
+  // they are not scored at all.
   void start(const Problem& p, int64_t head_row, bool with_values) {
     transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
     if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
     const bool* mask = p.key_mask ? p.key_mask + head_row / p.heads * p.n : nullptr;
     for (int64_t j = 0; j < p.n; ++j) bias[j] = !mask || mask[j] ? 0.f : -std::numeric_limits<float>::infinity();
-    int64_t last_real = p.n - 1;
-    while (mask && last_real >= 0 && !mask[last_real]) --last_real;
-    keys_end = std::min(p.n, (last_real + kLanes) / kLanes * kLanes);
+    keys_end = keys_to_score(real_end(mask, p.n), p.n);
   }
 };
 
