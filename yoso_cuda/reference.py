@@ -391,7 +391,7 @@ def softmax_dropout_attention(
 ) -> torch.Tensor:
     """``(softmax(q k^T / sqrt(d)) * keep / (1 - p)) v`` densely, with :func:`dropout_keep`'s mask: ``(b, h, n, c)``.
     With ``radius`` >= 0 query i sees key j only where ``|i - j| <= radius`` or ``i`` or ``j`` < ``num_global``; a
-    query with no key to see gets a zero row."""
+    query with no key to see, or after its sequence's last real key (padding), gets a zero row."""
     batch, heads, length, dim = q.shape
     position = torch.arange(length, device=q.device)
     allowed = torch.ones(batch, 1, length, length, dtype=torch.bool, device=q.device)  # (b, 1, n, n)
@@ -399,6 +399,8 @@ def softmax_dropout_attention(
         allowed &= ((position[:, None] - position).abs() <= radius) | (position[:, None] < num_global) | (position < num_global)
     if key_mask is not None:
         allowed &= key_mask[:, None, None, :]
+        real_end = (key_mask * (position + 1)).amax(dim=-1)  # (b,): one past each sequence's last real key
+        allowed &= (position < real_end[:, None])[:, None, :, None]  # the queries after it: padding
     seen = allowed.any(dim=-1, keepdim=True)  # (b, 1, n, 1): a query with no key gets zeros, not NaN
     scores = (q @ k.transpose(-1, -2) / math.sqrt(dim)).masked_fill(~allowed & seen, float("-inf"))  # (b, h, n, n)
     keep = dropout_keep(seed, batch, heads, length, dropout).to(q.device)

@@ -10,9 +10,10 @@ dropout mask of every head. The compiled op (``csrc/softmax_dropout.cpp``) compu
 block by block of queries with the (n x block) scores of one head at a time, and draws its dropout
 mask from a counter-based hash of (seed, head row, query, key), so the backward regenerates the mask
 instead of storing it: memory linear in n for a fixed block, and the step of the paper's softmax
-ListOps model drops from the math path's 15 s (results/step_cpu.csv). It skips work that is exactly zero: the keys
-after a sequence's last real one, and in the backward the queries after the last with a nonzero output gradient (a
-model's padded positions), so a right-padded ListOps batch's step takes 1.7 s, not 2.9 (results/step_cpu_padding/).
+ListOps model drops from the math path's 15 s (results/step_cpu.csv). It skips the padding's work: the keys after a
+sequence's last real one, and in the backward the queries after the last with a nonzero output gradient (a model's
+padded positions), so a right-padded ListOps batch's step takes 1.7 s, not 2.9 (results/step_cpu_padding/); and the
+queries after the last real key, whose rows it leaves zero (results/step_cpu_padded_queries/).
 
 The mask has the distribution of ``torch.nn.functional.dropout``'s (each pair kept with probability
 1 - p, to within 2^-33, kept probabilities scaled by 1 / (1 - p)) but not its random stream: the seed is
@@ -65,9 +66,10 @@ def softmax_dropout_attention(
     """``(softmax(q k^T / sqrt(d) + mask) * keep / (1 - p)) v``, differentiable, float32 on the CPU.
 
     ``q, k`` (batch, heads, n, d), ``v`` (batch, heads, n, c), ``key_mask`` (batch, n) bool (True = real
-    key) or None. ``radius`` >= 0: query i sees key j only where ``|i - j| <= radius`` or either is among the
-    first ``num_global`` positions (-1: every key). A query with no key to see gets a zero row (softmax's caller
-    unmasks a sequence without a real key first). With ``dropout > 0`` a fresh mask seed is drawn from torch's
+    key) or None, which marks the positions of a self-attention: the queries after a sequence's last real key are
+    padding, and get zero rows. ``radius`` >= 0: query i sees key j only where ``|i - j| <= radius`` or either is
+    among the first ``num_global`` positions (-1: every key). A query with no key to see gets a zero row (softmax's
+    caller unmasks a sequence without a real key first). With ``dropout > 0`` a fresh mask seed is drawn from torch's
     generator; without, nothing is drawn, so an evaluation leaves training's random stream as it was."""
     seed = torch.randint(SEED_RANGE, (1,), dtype=torch.int64) if dropout > 0 else torch.zeros(1, dtype=torch.int64)
     return torch.ops.yoso.softmax_dropout_attention(q, k, v, key_mask, dropout, seed, radius, num_global)[0]

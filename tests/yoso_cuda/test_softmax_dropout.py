@@ -21,7 +21,7 @@ def inputs(batch, heads, length, dim, value_dim, masked, seed):
     q, k = (torch.randn(batch, heads, length, dim, generator=generator, dtype=torch.float64) for _ in range(2))
     v = torch.randn(batch, heads, length, value_dim, generator=generator, dtype=torch.float64)
     mask = None
-    if masked == "right":  # sequences of lengths 1 to n padded at the end, as the LRA tasks pad them
+    if masked in ("right", "right, loss everywhere"):  # sequences of lengths 1 to n padded at the end, as LRA pads them
         lengths = torch.randint(1, length + 1, (batch,), generator=generator)
         lengths[0] = 1 + length // 3  # a row whose last real key is not at the end of a vector of 8 keys
         mask = torch.arange(length) < lengths[:, None]
@@ -55,10 +55,12 @@ def band(length, radius, num_global):
         (1, 3, 200, 16, 16, True, 0.1, 1, 0),
         (2, 2, 300, 8, 12, False, 0.2, 100, 70),
         (1, 2, 150, 16, 16, True, 0.0, 149, 2),
-        # Right padding: the keys after the last real one are not scored, nor (backward) the padded queries, whose
-        # output gradient is zero as in a model; with a band, blocks whose band lies wholly in the padding.
+        # Right padding: neither the keys nor the queries after the last real key are scored (those queries' rows are
+        # zero), nor in the backward the queries whose output gradient is zero as in a model; with a band, blocks whose
+        # band lies wholly in the padding. With a loss on every row, the zero rows still pass no gradient back.
         (3, 2, 203, 16, 12, "right", 0.1, -1, 0),
         (3, 2, 203, 16, 12, "right", 0.2, 30, 2),
+        (3, 2, 203, 16, 12, "right, loss everywhere", 0.1, -1, 0),
     ],
 )
 def test_values_and_gradients_equal_the_dense_reference(
@@ -77,8 +79,13 @@ def test_values_and_gradients_equal_the_dense_reference(
     expected.backward(grad)
     scale = 1 / math.sqrt(dim)
     seen = band(length, radius, num_global) & (torch.ones((), dtype=torch.bool) if mask is None else mask[:, None, None, :])
+    if mask is not None:  # the queries after the last real key see nothing: their rows are zero
+        last_real = torch.tensor([row.nonzero().max().item() if row.any() else -1 for row in mask])  # (b,)
+        seen = seen & (torch.arange(length)[:, None] <= last_real[:, None, None, None])
     scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
     torch.testing.assert_close(lse.double(), scores.logsumexp(dim=-1), rtol=1e-5, atol=1e-5)
+    if masked in ("right", "right, loss everywhere"):
+        assert (out[~seen.any(dim=-1).expand(-1, heads, -1)] == 0).all()
     if 0 <= radius < length // 4 and masked is True:
         assert (~seen.any(dim=-1)).any(), "some queries in the padding at the start see no real key: zero rows"
     for ours, theirs in ((out, expected), (q32.grad, q64.grad), (k32.grad, k64.grad), (v32.grad, v64.grad)):

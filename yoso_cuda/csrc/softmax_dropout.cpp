@@ -25,7 +25,9 @@
 // the same function densely; it is the tests' oracle. Every head row is computed by one thread in a
 // fixed order: results are bitwise the same on any number of threads.
 //
-// Work that is exactly zero is skipped: the keys after a head row's last real key (a right-padded
+// The queries after a head row's last real key are padding too (key_mask marks the positions of a
+// self-attention): their rows of the output are zero, as the attention's callers zero them anyway.
+// Work that is exactly zero is skipped: those queries, the keys after the last real one (a right-padded
 // sequence's padding), and in the backward the queries after the last one whose output gradient is
 // nonzero (a model's padded positions, which reach no loss).
 
@@ -106,18 +108,19 @@ struct Problem {
 // block's scores and probability gradients; and the keys worth scoring, [0, keys_end).
 struct Scratch {
   std::vector<float> keys_t, values_t, bias, scores, grads;
-  int64_t keys_end = 0;
+  int64_t queries_end = 0, keys_end = 0;
   Scratch(const Problem& p)
       : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), bias(p.n), scores(p.block() * p.n), grads(p.block() * p.n) {}
 
-  // A right-padded row's keys after its last real one have probability 0 for every query and gradient 0:
-  // they are not scored at all.
+  // After a row's last real key, the queries are padded (zero rows) and the keys have probability 0 for every
+  // query and gradient 0: neither is scored at all.
   void start(const Problem& p, int64_t head_row, bool with_values) {
     transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
     if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
     const bool* mask = p.key_mask ? p.key_mask + head_row / p.heads * p.n : nullptr;
     for (int64_t j = 0; j < p.n; ++j) bias[j] = !mask || mask[j] ? 0.f : -std::numeric_limits<float>::infinity();
-    keys_end = keys_to_score(real_end(mask, p.n), p.n);
+    queries_end = real_end(mask, p.n);
+    keys_end = keys_to_score(queries_end, p.n);
   }
 };
 
@@ -198,8 +201,10 @@ YOSO_MULTIVERSIONED void forward_head_row(const Problem& p, int64_t head_row, Sc
   s.start(p, head_row, false);
   const int64_t n = p.n, block = p.block();
   const float* values = p.v + head_row * n * p.value_dim;
-  for (int64_t first = 0; first < n; first += block) {
-    const int64_t rows = std::min(block, n - first);
+  std::fill(out + (head_row * n + s.queries_end) * p.value_dim, out + (head_row + 1) * n * p.value_dim, 0.f);
+  std::fill(lse + head_row * n + s.queries_end, lse + (head_row + 1) * n, -std::numeric_limits<float>::infinity());
+  for (int64_t first = 0; first < s.queries_end; first += block) {
+    const int64_t rows = std::min(block, s.queries_end - first);
     const Spans spans(p, s.keys_end, first, rows);
     float* scores = s.scores.data();
     block_scores(p, s, p.q + (head_row * n + first) * p.dim, first, rows, spans, scores);
@@ -258,10 +263,11 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
   float* grad_v = g.grad_v + head_row * n * c;
   std::fill(grad_k, grad_k + n * d, 0.f);
   std::fill(grad_v, grad_v + n * c, 0.f);
-  // Queries whose output gradient is zero (a model's padded positions) give dS = 0: their rows of dQ are zero and they
-  // add nothing to dK and dV, so the blocks stop at the last query with a nonzero gradient.
+  // Queries whose output gradient is zero (a model's padded positions) give dS = 0, and so do the zero rows after the
+  // last real key: their rows of dQ are zero and they add nothing to dK and dV, so the blocks stop at the last query
+  // before those rows with a nonzero gradient.
   const float* grad_out_row = g.grad_out + head_row * n * c;
-  int64_t queries_end = n;
+  int64_t queries_end = s.queries_end;
   while (queries_end > 0 && all_zero(grad_out_row + (queries_end - 1) * c, c)) --queries_end;
   std::fill(g.grad_q + (head_row * n + queries_end) * d, g.grad_q + (head_row + 1) * n * d, 0.f);
   for (int64_t first = 0; first < queries_end; first += block) {
