@@ -26,6 +26,10 @@ it, found by sorting instead of comparing all pairs:
    result is sum_r softmax_r(z_r) o_r, one softmax over the keys all rounds found.
 
 The sequence is padded to a multiple of ``chunk_length`` and cropped back; the math runs in float32.
+On a CPU in float32, steps 4 and 5 run on ``yoso_cuda.chunked_attention``, a fused kernel that leaves
+out what weighs exactly zero: padded keys, and the chunks of padded queries (padding sorts last, so
+a round's chunks after its real tokens), whose rows are zeroed anyway; ListOps' sequences are about
+half padding. Elsewhere ``chunked_dense`` computes every chunk.
 With ``num_buckets=None`` the bucket count follows HF: the largest power of two at most
 2 * ceil(seq_len / chunk_length), about two buckets per chunk as the paper recommends, fixed at
 build time from ``seq_len`` (HF fixes it on the first call, whose length is the padded maximum in
@@ -55,6 +59,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from yoso_cuda import chunked_attention, has_kernel
 
 from .registry import Attention, register
 
@@ -100,6 +106,19 @@ def angular_lsh(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     return torch.cat(buckets, dim=-1)  # (b, h, rounds, n)
 
 
+def chunked_dense(query, key, value, position, real):
+    """Each chunk of queries against its own keys and the previous chunk's: the output (b, h, C, c, dv) and each
+    query's log-sum-exp (b, h, C, c), from the sorted ``query, key`` (b, h, C, c, d), ``value`` (b, h, C, c, dv) and
+    each token's ``position`` and ``real`` flag (b, h, C, c)."""
+    key, value = look_one_back(key), look_one_back(value)  # (b, h, C, 2c, d), (b, h, C, 2c, dv)
+    key_pos, key_real = look_one_back(position), look_one_back(real)  # (b, h, C, 2c)
+    scores = query @ key.transpose(-1, -2)  # (b, h, C, c, 2c)
+    scores = scores.masked_fill(~key_real[..., None, :], PAD_SCORE)
+    scores = scores.masked_fill(position[..., :, None] == key_pos[..., None, :], SELF_SCORE)
+    # softmax rather than exp(scores - lse): near -1e5, float32 would round lse by up to 0.004.
+    return scores.softmax(dim=-1) @ value, scores.logsumexp(dim=-1)
+
+
 def look_one_back(x: torch.Tensor) -> torch.Tensor:
     """Put the previous chunk before each chunk: (b, h, chunks, c, ...) -> (b, h, chunks, 2c, ...).
 
@@ -137,19 +156,18 @@ class ReformerAttention(Attention):
             index = order.flatten(2)[..., None].expand(-1, -1, -1, width)  # (b, h, r*n_pad, e)
             return x.gather(2, index).view(batch, heads, -1, chunk, width)
 
-        query = to_chunks(q)  # (b, h, C, c, d)
-        key = look_one_back(to_chunks(F.normalize(k, dim=-1)))  # (b, h, C, 2c, d)
-        value = look_one_back(to_chunks(v))  # (b, h, C, 2c, dv)
         query_pos = order.view(batch, heads, -1, chunk)  # (b, h, C, c)
-        key_pos = look_one_back(query_pos)  # (b, h, C, 2c)
-        key_real = real.gather(1, key_pos.flatten(1)).view_as(key_pos)  # (b, h, C, 2c)
-
-        scores = query @ key.transpose(-1, -2)  # (b, h, C, c, 2c)
-        scores = scores.masked_fill(~key_real[..., None, :], PAD_SCORE)
-        scores = scores.masked_fill(query_pos[..., :, None] == key_pos[..., None, :], SELF_SCORE)
-        # softmax rather than exp(scores - lse): near -1e5, float32 would round lse by up to 0.004.
-        out = scores.softmax(dim=-1) @ value  # (b, h, C, c, dv)
-        lse = scores.logsumexp(dim=-1)  # (b, h, C, c)
+        chunks = (
+            to_chunks(q),  # (b, h, C, c, d)
+            to_chunks(F.normalize(k, dim=-1)),  # (b, h, C, c, d)
+            to_chunks(v),  # (b, h, C, c, dv)
+            query_pos,
+            real.gather(1, query_pos.flatten(1)).view_as(query_pos),  # (b, h, C, c)
+        )
+        if q.device.type == "cpu" and q.dtype == torch.float32 and has_kernel(q.device):
+            out, lse = chunked_attention(*(x.flatten(0, 1) for x in chunks))  # (b*h, C, c, dv), (b*h, C, c)
+        else:
+            out, lse = chunked_dense(*chunks)  # (b, h, C, c, dv), (b, h, C, c)
 
         # Undo the sort, then weigh each round by its share of the total softmax mass.
         unsort = order.argsort(dim=-1)  # (b, h, r, n_pad): where each position sits in its round's order

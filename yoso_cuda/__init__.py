@@ -18,6 +18,8 @@ The public interface (what ``attention_zoo`` uses):
   its layers, :mod:`yoso_cuda.dropout`);
 * :func:`expectation_attention`: YOSO-E's attention with its lower-bound gradient, fused on the CPU without the
   padding's work (:mod:`yoso_cuda.expectation`);
+* :func:`chunked_attention`: Reformer's attention within chunks of LSH-sorted tokens, fused on the CPU without the
+  padding's work (:mod:`yoso_cuda.chunked`);
 * :func:`kernels`: build or load the compiled kernels and report what is available.
 
 ``python -m yoso_cuda`` builds the kernels and reports; ``python -m yoso_cuda --check`` compares
@@ -26,6 +28,7 @@ every compiled op with the reference on every available device.
 
 from .attention import BACKWARD_ESTIMATORS, lsh_attention
 from .build import BuildReport, KernelBuildError
+from .chunked import chunked_attention
 from .conv import sequence_conv
 from .dropout import dropout_add
 from .expectation import expectation_attention
@@ -49,6 +52,7 @@ __all__ = [
     "BACKWARD_ESTIMATORS",
     "BuildReport",
     "KernelBuildError",
+    "chunked_attention",
     "dropout_add",
     "expectation_attention",
     "expected_collisions",

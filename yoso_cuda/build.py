@@ -3,8 +3,9 @@
 * ``cpu``: ``csrc/yoso.cpp``, the ops' schemas (``TORCH_LIBRARY(yoso)``) and their CPU kernels, and
   ``csrc/softmax_dropout.cpp``, the softmax and Longformer baselines' fused dropout attention,
   ``csrc/sequence_conv.cpp``, YOSO-C's and Nystromformer's depthwise convolution of V, ``csrc/dropout.cpp``,
-  the model's dropout with its residual sum, and ``csrc/expectation.cpp``, YOSO-E's attention (all four CPU only). It
-  is built wherever a C++ compiler is found, first, since the CUDA library only adds kernels to it.
+  the model's dropout with its residual sum, ``csrc/expectation.cpp``, YOSO-E's attention, and
+  ``csrc/chunked_attention.cpp``, Reformer's chunked attention (all five CPU only). It is built wherever a C++
+  compiler is found, first, since the CUDA library only adds kernels to it.
 * ``cuda``: ``csrc/cuda/*.cu``, the CUDA kernels (``TORCH_LIBRARY_IMPL(yoso, CUDA)``), loaded after
   the CPU library. It is wanted when torch is a CUDA build and there is something to compile for:
   a visible GPU, or ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``; CI sets it to compile without a GPU, so a
@@ -241,6 +242,7 @@ def _openmp_flags() -> list[str]:
 def library_sources(device: str) -> list[Path]:
     if device == "cpu":
         names = ("yoso.cpp", "softmax_dropout.cpp", "sequence_conv.cpp", "dropout.cpp", "expectation.cpp")
+        names += ("chunked_attention.cpp",)
         return [SOURCES / name for name in names]
     return sorted((SOURCES / "cuda").glob("*.cu"))
 

@@ -38,7 +38,7 @@ def kernels() -> BuildReport:
     """Build or load the kernel libraries once per process."""
     report = build()  # raises under YOSO_KERNELS=require when a wanted library is missing
     if report.cpu.loaded:
-        from . import conv, dropout, expectation, softmax  # import ops: registered once the library is loaded
+        from . import chunked, conv, dropout, expectation, softmax  # import ops: registered once the library is loaded
 
         _register_fake_kernels()
         _register_autograd()
@@ -46,6 +46,7 @@ def kernels() -> BuildReport:
         conv.register()
         dropout.register()
         expectation.register()
+        chunked.register()
     if report.missing:
         reasons = "; ".join(f"{library.device}: {library.reason}" for library in report.missing)
         warnings.warn(

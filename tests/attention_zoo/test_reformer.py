@@ -1,11 +1,23 @@
-"""Reformer LSH attention against dense shared-QK attention and a per-query reference of the algorithm."""
+"""Reformer LSH attention against dense shared-QK attention and a per-query reference of the algorithm, on both
+paths of its chunks: yoso_cuda's fused CPU kernel and the dense one (GPUs)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import attention_zoo
+import yoso_cuda
+from attention_zoo import reformer
 from attention_zoo.reformer import angular_lsh, auto_num_buckets
+
+
+@pytest.fixture(params=["kernel", "dense"])
+def chunks_path(request, monkeypatch):
+    """The test runs on the fused kernel (where the CPU kernels are built) and on the dense path."""
+    if request.param == "dense":
+        monkeypatch.setattr(reformer, "has_kernel", lambda device: False)
+    elif not yoso_cuda.has_kernel(torch.device("cpu")):
+        pytest.skip("YOSO's CPU kernels are not built")
 
 
 def build(seq_len, heads=2, dim=8, **hparams):
@@ -60,7 +72,7 @@ def naive_lsh_attention(q, k, v, mask, rotations, chunk_length):
 
 @pytest.mark.parametrize("seq_len", [1, 37, 64])
 @pytest.mark.parametrize("num_hashes", [1, 2, 3])
-def test_one_chunk_equals_dense_shared_qk_attention(seq_len, num_hashes):
+def test_one_chunk_equals_dense_shared_qk_attention(seq_len, num_hashes, chunks_path):
     """The exact limit: a chunk covering the sequence puts every token in reach of every other, whatever the buckets."""
     torch.manual_seed(0)
     q, v = torch.randn(4, 2, seq_len, 8), torch.randn(4, 2, seq_len, 8)
@@ -75,7 +87,7 @@ def test_one_chunk_equals_dense_shared_qk_attention(seq_len, num_hashes):
 
 @pytest.mark.parametrize("use_mask", [False, True])
 @pytest.mark.parametrize("value_dim", [8, 12], ids=["value-dim-equal", "value-dim-differs"])
-def test_equals_per_query_reference_of_the_algorithm(use_mask, value_dim):
+def test_equals_per_query_reference_of_the_algorithm(use_mask, value_dim, chunks_path):
     seq_len, chunk_length, num_hashes = 45, 8, 3
     attn = build(seq_len, chunk_length=chunk_length, num_hashes=num_hashes)
     assert attn.num_buckets == 8  # 6 chunks -> 12 -> rounded down to a power of two
@@ -113,7 +125,7 @@ def test_hashing_is_reproducible_under_a_seed():
     assert not torch.allclose(outputs[0], outputs[2]), "fresh rotations for a new seed must change the buckets"
 
 
-def test_a_token_attends_to_itself_only_without_another_choice():
+def test_a_token_attends_to_itself_only_without_another_choice(chunks_path):
     seq_len = 8
     q = 3 * torch.randn(1, 1, seq_len, seq_len)
     v = torch.eye(seq_len).expand(1, 1, seq_len, seq_len)  # output row i = attention weights of query i

@@ -1,6 +1,6 @@
 // SIMD building blocks shared by the CPU kernels (yoso.cpp, softmax_dropout.cpp, sequence_conv.cpp, dropout.cpp,
-// expectation.cpp): GNU vector extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3) and for the baseline
-// where GCC can multiversion.
+// expectation.cpp, chunked_attention.cpp): GNU vector extensions (GCC or Clang), compiled for AVX2 with FMA (x86-64-v3)
+// and for the baseline where GCC can multiversion.
 
 #pragma once
 
@@ -83,6 +83,29 @@ YOSO_INLINE void scale(float* out, float factor, int64_t size) {
   for (; k + kLanes <= size; k += kLanes) store(out + k, load(out + k) * factor);
   for (; k < size; ++k) out[k] *= factor;
 }
+
+// exp(x) for x <= 0 (scores minus their row's max), by the Cephes polynomial: within 2 ulp of expf over [-87, 0];
+// 0 below -87, where expf is under 1.7e-38 (and for -inf, a masked key).
+YOSO_INLINE Floats exp_nonpositive(Floats x) {
+  const Ints below = x < -87.0f;
+  x = below ? Floats{} - 87.0f : x;
+  const Floats n = x * 1.44269504088896341f + 0.5f;
+  Floats whole = __builtin_convertvector(__builtin_convertvector(n, Ints), Floats);  // truncated: floor for n <= 0.5
+  whole = whole > n ? whole - 1.0f : whole;
+  const Floats r = x - whole * 0.693359375f + whole * 2.12194440e-4f;
+  Floats poly = 1.9875691500e-4f * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * r * r + r + 1.0f;
+  const Ints exponent = (__builtin_convertvector(whole, Ints) + 127) << 23;
+  const Floats value = poly * reinterpret_cast<Floats>(exponent);
+  return reinterpret_cast<Floats>(reinterpret_cast<Ints>(value) & ~below);
+}
+
+// The same for one float, through the same arithmetic (tails of rows not a multiple of 8 long).
+YOSO_INLINE float exp_nonpositive(float x) { return exp_nonpositive(Floats{} + x)[0]; }
 
 }  // namespace
 }  // namespace yoso
