@@ -89,21 +89,27 @@ struct Problem {
   int64_t block() const { return std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{1} << 17) / n / 4 * 4)); }
 };
 
-// One head row's buffers: K^T and V^T (dim x n, value_dim x n), the keys' mask as 1 or 0, a block's
-// weights and their gradients; the queries [0, queries_end) and keys [0, keys_end) worth computing.
+// One head row's buffers: K^T and V^T (dim x n, value_dim x n, rows `stride` apart), the keys' mask as 1 or 0, a
+// block's weights and their gradients; the queries [0, queries_end) and keys [0, keys_end) worth computing.
 struct Scratch {
+  const int64_t stride;
   std::vector<float> keys_t, values_t, key_weight, weights, grads;
   int64_t queries_end = 0, keys_end = 0;
   Scratch(const Problem& p)
-      : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), key_weight(p.n), weights(p.block() * p.n), grads(p.block() * p.n) {}
+      : stride(transposed_stride(p.n)),
+        keys_t(p.dim * stride),
+        values_t(p.value_dim * stride),
+        key_weight(p.n),
+        weights(p.block() * p.n),
+        grads(p.block() * p.n) {}
 
   // The queries after the last real position are padded (zero rows), and the keys there weigh 0.
   void start(const Problem& p, int64_t head_row, bool with_values) {
     const bool* real = p.real + head_row * p.n;
     queries_end = real_end(real, p.n);
     keys_end = keys_to_score(queries_end, p.n);
-    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
-    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
+    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data(), stride);
+    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data(), stride);
     for (int64_t j = 0; j < p.n; ++j) key_weight[j] = real[j] ? 1.f : 0.f;
   }
 };
@@ -112,7 +118,8 @@ struct Scratch {
 YOSO_INLINE void block_weights(const Problem& p, const Scratch& s, int64_t head_row, int64_t first, int64_t rows,
                                float* weights) {
   const int64_t n = p.n, end = s.keys_end;
-  gemm(rows, end, p.dim, p.q + (head_row * n + first) * p.dim, p.dim, 1, s.keys_t.data(), n, weights, n, 1.f, false);
+  gemm(rows, end, p.dim, p.q + (head_row * n + first) * p.dim, p.dim, 1, s.keys_t.data(), s.stride, weights, n, 1.f,
+       false);
   for (int64_t i = 0; i < rows; ++i) {
     float* row = weights + i * n;
     if (!p.real[head_row * n + first + i]) {
@@ -154,7 +161,7 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
     const float* queries = p.q + offset * d;
     const float* grad_out = g.grad_out + offset * c;
     block_weights(p, s, head_row, first, rows, weights);
-    gemm(rows, end, c, grad_out, c, 1, s.values_t.data(), n, grads, n, 1.f, false);  // dW = G V^T
+    gemm(rows, end, c, grad_out, c, 1, s.values_t.data(), s.stride, grads, n, 1.f, false);  // dW = G V^T
     for (int64_t i = 0; i < rows; ++i) {
       float* grad_row = grads + i * n;
       const float* row = weights + i * n;

@@ -81,19 +81,25 @@ struct Problem {
   int64_t block() const { return std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{1} << 17) / n / 4 * 4)); }
 };
 
-// One head row's buffers: K^T and V^T (dim x n, value_dim x n), the key bias (0 or -inf), and a
+// One head row's buffers: K^T and V^T (dim x n, value_dim x n, rows `stride` apart), the key bias (0 or -inf), and a
 // block's scores and probability gradients; and the keys worth scoring, [0, keys_end).
 struct Scratch {
+  const int64_t stride;
   std::vector<float> keys_t, values_t, bias, scores, grads;
   int64_t queries_end = 0, keys_end = 0;
   Scratch(const Problem& p)
-      : keys_t(p.dim * p.n), values_t(p.value_dim * p.n), bias(p.n), scores(p.block() * p.n), grads(p.block() * p.n) {}
+      : stride(transposed_stride(p.n)),
+        keys_t(p.dim * stride),
+        values_t(p.value_dim * stride),
+        bias(p.n),
+        scores(p.block() * p.n),
+        grads(p.block() * p.n) {}
 
   // After a row's last real key, the queries are padded (zero rows) and the keys have probability 0 for every
   // query and gradient 0: neither is scored at all.
   void start(const Problem& p, int64_t head_row, bool with_values) {
-    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data());
-    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data());
+    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data(), stride);
+    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data(), stride);
     const bool* mask = p.key_mask ? p.key_mask + head_row / p.heads * p.n : nullptr;
     for (int64_t j = 0; j < p.n; ++j) bias[j] = !mask || mask[j] ? 0.f : -std::numeric_limits<float>::infinity();
     queries_end = real_end(mask, p.n);
@@ -157,7 +163,7 @@ YOSO_INLINE void block_scores(const Problem& p, const Scratch& s, const float* q
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
   for (int span = 0; span < spans.count; ++span) {
     const int64_t begin = spans.begin[span], width = spans.end[span] - begin;
-    gemm(rows, width, p.dim, queries, p.dim, 1, s.keys_t.data() + begin, p.n, scores + begin, p.n, 1.f, false);
+    gemm(rows, width, p.dim, queries, p.dim, 1, s.keys_t.data() + begin, s.stride, scores + begin, p.n, 1.f, false);
     if (p.key_mask)
       for (int64_t i = 0; i < rows; ++i) add(scores + i * p.n + begin, s.bias.data() + begin, width);
   }
@@ -257,7 +263,8 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
     block_scores(p, s, queries, first, rows, spans, probs);
     for (int span = 0; span < spans.count; ++span) {  // dPd = dO V^T
       const int64_t begin = spans.begin[span];
-      gemm(rows, spans.end[span] - begin, c, grad_out, c, 1, s.values_t.data() + begin, n, grads + begin, n, 1.f, false);
+      gemm(rows, spans.end[span] - begin, c, grad_out, c, 1, s.values_t.data() + begin, s.stride, grads + begin, n, 1.f,
+           false);
     }
     for (int64_t i = 0; i < rows; ++i) {
       float* row = probs + i * n;
