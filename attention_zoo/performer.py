@@ -221,12 +221,15 @@ def _favor_backward(grad_out, q, k, values, projection, key_mask, context, eps):
     return grad_q, grad_k, grad_values
 
 
-def _real_parts(lengths):
-    """``(i, index)`` for each sequence i with a real position: ``index`` selects it up to its last real position in a
-    (b, h, n, ...) tensor."""
+def _real_parts(lengths, key_mask):
+    """``(i, index, mask)`` for each sequence i with a real position: ``index`` selects it up to its last real position
+    in a (b, h, n, ...) tensor, and ``mask`` is its ``key_mask`` there, or None where every position up to there is
+    real (right padding, as in every LRA task), which spares the masking's passes over the (n, m) exponentials."""
     for i, length in enumerate(lengths):
         if length:
-            yield i, (slice(i, i + 1), slice(None), slice(0, length))
+            index = (slice(i, i + 1), slice(None), slice(0, length))
+            mask = key_mask[index]
+            yield i, index, None if bool(mask.all()) else mask
 
 
 class _Favor(torch.autograd.Function):
@@ -260,8 +263,8 @@ class _Favor(torch.autograd.Function):
         else:
             (b, h, n, width), m = values.shape, projection.shape[0]
             out, context = values.new_zeros(b, h, n, width), values.new_zeros(b, h, m, width)
-            for i, real in _real_parts(lengths):
-                out[real], context[i : i + 1] = _favor_forward(q[real], k[real], values[real], projection, key_mask[real], eps)
+            for i, real, mask in _real_parts(lengths, key_mask):
+                out[real], context[i : i + 1] = _favor_forward(q[real], k[real], values[real], projection, mask, eps)
         ctx.save_for_backward(q, k, values, projection, key_mask, context)
         ctx.eps, ctx.lengths = eps, lengths
         return out
@@ -274,9 +277,9 @@ class _Favor(torch.autograd.Function):
             grads = _favor_backward(grad_out, q, k, values, projection, key_mask, context, eps)
         else:
             grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(values))
-            for i, real in _real_parts(lengths):
+            for i, real, mask in _real_parts(lengths, key_mask):
                 pieces = _favor_backward(
-                    grad_out[real], q[real], k[real], values[real], projection, key_mask[real], context[i : i + 1], eps
+                    grad_out[real], q[real], k[real], values[real], projection, mask, context[i : i + 1], eps
                 )
                 for grad, piece in zip(grads, pieces, strict=True):
                     grad[real] = piece
