@@ -17,7 +17,6 @@
 
 // The headers of the operators used, not ATen/ATen.h (every operator), which compiles slower.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -215,10 +214,7 @@ std::tuple<at::Tensor, at::Tensor> chunked_attention_cpu(const at::Tensor& q_in,
   const Problem p = make_problem(q, k, v, position, real);
   at::Tensor out = at::zeros(v.sizes(), v.options()), lse = at::zeros(real.sizes(), v.options());
   const Outputs o{out.data_ptr<float>(), lse.data_ptr<float>()};
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) forward_head_row(p, o, head_row, scratch);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { forward_head_row(p, o, head_row, s); });
   return {out, lse};
 }
 
@@ -237,10 +233,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunked_attention_backward_cpu(
              grad_v = at::zeros(v.sizes(), v.options());
   const Gradients g{grad_out.data_ptr<float>(), grad_lse.data_ptr<float>(), grad_q.data_ptr<float>(),
                     grad_k.data_ptr<float>(), grad_v.data_ptr<float>()};
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) backward_head_row(p, g, head_row, scratch);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { backward_head_row(p, g, head_row, s); });
   return {grad_q, grad_k, grad_v};
 }
 

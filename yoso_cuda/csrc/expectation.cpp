@@ -21,7 +21,6 @@
 
 // The headers of the operators used, not ATen/ATen.h (every operator), which compiles slower.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -89,27 +88,22 @@ struct Problem {
   int64_t block() const { return std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{1} << 17) / n / 4 * 4)); }
 };
 
-// One head row's buffers: K^T and V^T (dim x n, value_dim x n, rows `stride` apart), the keys' mask as 1 or 0, a
-// block's weights and their gradients; the queries [0, queries_end) and keys [0, keys_end) worth computing.
+// One head row's buffers: K^T and V^T, the keys' mask as 1 or 0, a block's weights and their gradients; the queries
+// [0, queries_end) and keys [0, keys_end) worth computing.
 struct Scratch {
-  const int64_t stride;
-  std::vector<float> keys_t, values_t, key_weight, weights, grads;
+  TransposedKeys transposed;
+  std::vector<float> key_weight, weights, grads;
   int64_t queries_end = 0, keys_end = 0;
   Scratch(const Problem& p)
-      : stride(transposed_stride(p.n)),
-        keys_t(p.dim * stride),
-        values_t(p.value_dim * stride),
-        key_weight(p.n),
-        weights(p.block() * p.n),
-        grads(p.block() * p.n) {}
+      : transposed(p.n, p.dim, p.value_dim), key_weight(p.n), weights(p.block() * p.n), grads(p.block() * p.n) {}
 
   // The queries after the last real position are padded (zero rows), and the keys there weigh 0.
   void start(const Problem& p, int64_t head_row, bool with_values) {
     const bool* real = p.real + head_row * p.n;
     queries_end = real_end(real, p.n);
     keys_end = keys_to_score(queries_end, p.n);
-    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data(), stride);
-    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data(), stride);
+    transposed.load(p.k + head_row * p.n * p.dim, with_values ? p.v + head_row * p.n * p.value_dim : nullptr, p.n, p.dim,
+                    p.value_dim);
     for (int64_t j = 0; j < p.n; ++j) key_weight[j] = real[j] ? 1.f : 0.f;
   }
 };
@@ -118,7 +112,7 @@ struct Scratch {
 YOSO_INLINE void block_weights(const Problem& p, const Scratch& s, int64_t head_row, int64_t first, int64_t rows,
                                float* weights) {
   const int64_t n = p.n, end = s.keys_end;
-  gemm(rows, end, p.dim, p.q + (head_row * n + first) * p.dim, p.dim, 1, s.keys_t.data(), s.stride, weights, n, 1.f,
+  gemm(rows, end, p.dim, p.q + (head_row * n + first) * p.dim, p.dim, 1, s.transposed.keys.data(), s.transposed.stride, weights, n, 1.f,
        false);
   for (int64_t i = 0; i < rows; ++i) {
     float* row = weights + i * n;
@@ -161,7 +155,7 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
     const float* queries = p.q + offset * d;
     const float* grad_out = g.grad_out + offset * c;
     block_weights(p, s, head_row, first, rows, weights);
-    gemm(rows, end, c, grad_out, c, 1, s.values_t.data(), s.stride, grads, n, 1.f, false);  // dW = G V^T
+    gemm(rows, end, c, grad_out, c, 1, s.transposed.values.data(), s.transposed.stride, grads, n, 1.f, false);  // dW = G V^T
     for (int64_t i = 0; i < rows; ++i) {
       float* grad_row = grads + i * n;
       const float* row = weights + i * n;
@@ -204,10 +198,7 @@ at::Tensor expectation_attention_cpu(const at::Tensor& q_in, const at::Tensor& k
   const Problem p = make_problem(q, k, v, real, hash_bits);
   at::Tensor out = at::empty(v.sizes(), v.options());
   float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) forward_head_row(p, head_row, scratch, out_data);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { forward_head_row(p, head_row, s, out_data); });
   return out;
 }
 
@@ -225,10 +216,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> expectation_attention_backward_cp
   at::Tensor grad_q = at::zeros(q.sizes(), q.options()), grad_k = at::zeros(k.sizes(), k.options()),
              grad_v = at::zeros(v.sizes(), v.options());
   const Gradients g{grad_out.data_ptr<float>(), grad_q.data_ptr<float>(), grad_k.data_ptr<float>(), grad_v.data_ptr<float>()};
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) backward_head_row(p, g, head_row, scratch);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { backward_head_row(p, g, head_row, s); });
   return {grad_q, grad_k, grad_v};
 }
 

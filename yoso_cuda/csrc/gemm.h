@@ -1,13 +1,17 @@
-// What the blockwise dense attentions (softmax_dropout.cpp, expectation.cpp) share: their small GEMMs, a block of
-// queries against every key, with register blocking and no packing, since one operand is always a block of at most
-// 64 rows that stays in cache; and the keys of a right-padded row worth scoring.
+// What the blockwise attentions (softmax_dropout.cpp, expectation.cpp, chunked_attention.cpp) share: their small GEMMs,
+// a block of queries against its keys, with register blocking and no packing, since one operand is always a block of
+// at most 64 rows that stays in cache; a head row's K^T and V^T and the keys of a right-padded row worth scoring; and
+// the loop that gives each head row to one thread.
 
 #pragma once
+
+#include <ATen/Parallel.h>
 
 #include "simd.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace yoso {
 namespace {
@@ -81,6 +85,30 @@ YOSO_INLINE int64_t transposed_stride(int64_t n) { return (n + 15) / 16 * 16 + 1
 void transpose(const float* in, int64_t rows, int64_t cols, float* out, int64_t stride) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[c * stride + r] = in[r * cols + c];
+}
+
+// A head row's K^T and V^T (dim x n, value_dim x n), rows `stride` apart: the B operands of Q K^T and G V^T.
+struct TransposedKeys {
+  const int64_t stride;
+  std::vector<float> keys, values;
+  TransposedKeys(int64_t n, int64_t dim, int64_t value_dim)
+      : stride(transposed_stride(n)), keys(dim * stride), values(value_dim * stride) {}
+
+  // From a head row's keys (n x dim) and, unless null, its values (n x value_dim).
+  void load(const float* k, const float* v, int64_t n, int64_t dim, int64_t value_dim) {
+    transpose(k, n, dim, keys.data(), stride);
+    if (v) transpose(v, n, value_dim, values.data(), stride);
+  }
+};
+
+// work(head_row, scratch) for every head row of p, each row by one thread in a fixed order, with a Scratch(p) per
+// thread: results are bitwise the same on any number of threads.
+template <class Scratch, class Problem, class Work>
+void for_each_head_row(const Problem& p, const Work& work) {
+  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(p);
+    for (int64_t head_row = begin; head_row < end; ++head_row) work(head_row, scratch);
+  });
 }
 
 }  // namespace

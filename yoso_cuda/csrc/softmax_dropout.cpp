@@ -34,7 +34,6 @@
 // The headers of the operators used, not ATen/ATen.h (every operator): the library builds in 21 s against 28 on 2 cores.
 // The macro makes an include of ATen/ATen.h here an error.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -81,25 +80,20 @@ struct Problem {
   int64_t block() const { return std::max<int64_t>(4, std::min<int64_t>(64, (int64_t{1} << 17) / n / 4 * 4)); }
 };
 
-// One head row's buffers: K^T and V^T (dim x n, value_dim x n, rows `stride` apart), the key bias (0 or -inf), and a
-// block's scores and probability gradients; and the keys worth scoring, [0, keys_end).
+// One head row's buffers: K^T and V^T, the key bias (0 or -inf), and a block's scores and probability gradients; and
+// the keys worth scoring, [0, keys_end).
 struct Scratch {
-  const int64_t stride;
-  std::vector<float> keys_t, values_t, bias, scores, grads;
+  TransposedKeys transposed;
+  std::vector<float> bias, scores, grads;
   int64_t queries_end = 0, keys_end = 0;
   Scratch(const Problem& p)
-      : stride(transposed_stride(p.n)),
-        keys_t(p.dim * stride),
-        values_t(p.value_dim * stride),
-        bias(p.n),
-        scores(p.block() * p.n),
-        grads(p.block() * p.n) {}
+      : transposed(p.n, p.dim, p.value_dim), bias(p.n), scores(p.block() * p.n), grads(p.block() * p.n) {}
 
   // After a row's last real key, the queries are padded (zero rows) and the keys have probability 0 for every
   // query and gradient 0: neither is scored at all.
   void start(const Problem& p, int64_t head_row, bool with_values) {
-    transpose(p.k + head_row * p.n * p.dim, p.n, p.dim, keys_t.data(), stride);
-    if (with_values) transpose(p.v + head_row * p.n * p.value_dim, p.n, p.value_dim, values_t.data(), stride);
+    transposed.load(p.k + head_row * p.n * p.dim, with_values ? p.v + head_row * p.n * p.value_dim : nullptr, p.n, p.dim,
+                    p.value_dim);
     const bool* mask = p.key_mask ? p.key_mask + head_row / p.heads * p.n : nullptr;
     for (int64_t j = 0; j < p.n; ++j) bias[j] = !mask || mask[j] ? 0.f : -std::numeric_limits<float>::infinity();
     queries_end = real_end(mask, p.n);
@@ -163,7 +157,7 @@ YOSO_INLINE void block_scores(const Problem& p, const Scratch& s, const float* q
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
   for (int span = 0; span < spans.count; ++span) {
     const int64_t begin = spans.begin[span], width = spans.end[span] - begin;
-    gemm(rows, width, p.dim, queries, p.dim, 1, s.keys_t.data() + begin, s.stride, scores + begin, p.n, 1.f, false);
+    gemm(rows, width, p.dim, queries, p.dim, 1, s.transposed.keys.data() + begin, s.transposed.stride, scores + begin, p.n, 1.f, false);
     if (p.key_mask)
       for (int64_t i = 0; i < rows; ++i) add(scores + i * p.n + begin, s.bias.data() + begin, width);
   }
@@ -263,7 +257,7 @@ YOSO_MULTIVERSIONED void backward_head_row(const Problem& p, const Gradients& g,
     block_scores(p, s, queries, first, rows, spans, probs);
     for (int span = 0; span < spans.count; ++span) {  // dPd = dO V^T
       const int64_t begin = spans.begin[span];
-      gemm(rows, spans.end[span] - begin, c, grad_out, c, 1, s.values_t.data() + begin, s.stride, grads + begin, n, 1.f,
+      gemm(rows, spans.end[span] - begin, c, grad_out, c, 1, s.transposed.values.data() + begin, s.transposed.stride, grads + begin, n, 1.f,
            false);
     }
     for (int64_t i = 0; i < rows; ++i) {
@@ -366,10 +360,7 @@ std::tuple<at::Tensor, at::Tensor> softmax_dropout_attention_cpu(const at::Tenso
   at::Tensor lse = at::empty(q.sizes().slice(0, 3), q.options());
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) forward_head_row(p, head_row, scratch, out_data, lse_data);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { forward_head_row(p, head_row, s, out_data, lse_data); });
   return {out, lse};
 }
 
@@ -389,10 +380,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_dropout_attention_backwar
   at::Tensor grad_q = at::empty_like(q), grad_k = at::empty_like(k), grad_v = at::empty_like(v);
   const Gradients g{grad_out.data_ptr<float>(), out.data_ptr<float>(), lse.data_ptr<float>(),
                     grad_q.data_ptr<float>(),   grad_k.data_ptr<float>(), grad_v.data_ptr<float>()};
-  at::parallel_for(0, p.head_rows, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(p);
-    for (int64_t head_row = begin; head_row < end; ++head_row) backward_head_row(p, g, head_row, scratch);
-  });
+  for_each_head_row<Scratch>(p, [&](int64_t head_row, Scratch& s) { backward_head_row(p, g, head_row, s); });
   return {grad_q, grad_k, grad_v};
 }
 
