@@ -77,8 +77,8 @@ YOSO_INLINE int64_t keys_to_score(int64_t end, int64_t n) { return std::min(n, (
 
 // The row stride of a transposed operand (K^T, V^T: d rows of n keys): n in whole cache lines, and one line more. At a
 // multiple of 4 KiB (n = 2048 floats is 8 KiB) every row of a GEMM's block of K^T falls in the same L1 set, whose 8 ways
-// cannot hold a block's 32 rows: Q K^T of a block of 64 queries against 1200 keys at d = 32 ran at 40-45 GFLOP/s on one
-// core of the 2-core AMD EPYC VM at stride 2048, and at 63-75 one line further (gcc -O3 -march=x86-64-v3).
+// cannot hold a block's 32 rows (d = 32), and each block reads them from L2 again: YOSO-E's paper-protocol ListOps step
+// took 12% longer and softmax's evaluation batch 13% (results/step_cpu_stride/).
 YOSO_INLINE int64_t transposed_stride(int64_t n) { return (n + 15) / 16 * 16 + 16; }
 
 // (rows x cols) -> (cols x rows), rows `stride` apart
