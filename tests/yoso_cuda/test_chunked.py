@@ -164,8 +164,9 @@ def test_reformer_runs_on_the_op_with_the_dense_paths_values_and_gradients(monke
     for path in ("kernel", "dense"):
         if path == "dense":
             monkeypatch.setattr(reformer, "has_kernel", lambda device: False)
-        attention = attention_zoo.build("reformer", seq_len=length, num_heads=2, head_dim=16, chunk_length=chunk,
-                                        num_hashes=num_hashes).train()
+        attention = attention_zoo.build(
+            "reformer", seq_len=length, num_heads=2, head_dim=16, chunk_length=chunk, num_hashes=num_hashes
+        ).train()
         torch.manual_seed(1)  # the same rotations on both paths
         leaves = [x.clone().requires_grad_() for x in (q, v)]
         out = attention(leaves[0], leaves[0], leaves[1], mask)
