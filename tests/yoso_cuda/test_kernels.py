@@ -150,30 +150,20 @@ def test_kernels_are_deterministic(device):
     assert torch.equal(first, torch.ops.yoso.lsh_weighted_cumulation(*args))
 
 
-def test_cpu_kernels_give_the_same_bits_on_any_number_of_threads():
-    """The CPU kernels split batch rows (hashing: blocks of rows) across torch's intra-op threads;
-    each row is computed by one thread in a fixed order, so the thread count changes no bit."""
+def test_cpu_kernels_give_the_same_bits_on_any_number_of_threads(assert_thread_count_changes_no_bit):
+    """The CPU kernels split batch rows (hashing: blocks of rows) across torch's intra-op threads."""
     require("cpu")
     c = case(700, 32, 5, torch.float32, "cpu", num_hashes=6)
     c["mask"][0, :3] = False  # padded rows at the start of a batch row
-    calls = [
-        lambda: torch.ops.yoso.hash_codes(c["queries"], c["signs"], 6, 5),
-        lambda: torch.ops.yoso.lsh_cumulation(c["query_codes"], c["mask"], c["key_codes"], c["mask"], c["values"], 5),
-        lambda: torch.ops.yoso.lsh_weighted_cumulation_both(
-            c["query_codes"], c["mask"], c["weights"], c["queries"], c["key_codes"], c["mask"], c["values"], c["keys"], 5
-        ),
-    ]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        single = [call() for call in calls]
-        torch.set_num_threads(max(2, threads))
-        several = [call() for call in calls]
-    finally:
-        torch.set_num_threads(threads)
-    for one, many in zip(single, several):
-        for a, b in zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (one, many))):
-            assert torch.equal(a, b)
+    assert_thread_count_changes_no_bit(
+        lambda: [
+            torch.ops.yoso.hash_codes(c["queries"], c["signs"], 6, 5),
+            torch.ops.yoso.lsh_cumulation(c["query_codes"], c["mask"], c["key_codes"], c["mask"], c["values"], 5),
+            *torch.ops.yoso.lsh_weighted_cumulation_both(
+                c["query_codes"], c["mask"], c["weights"], c["queries"], c["key_codes"], c["mask"], c["values"], c["keys"], 5
+            ),
+        ]
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
