@@ -148,7 +148,8 @@ def test_table3s_listops_compiles_the_rows_measured_faster_compiled(overrides, r
 
 def test_a_run_decides_trainer_compile_auto_by_its_own_row(tmp_path, monkeypatch):
     """lra.run hands the run's row to the training (lra.fit.fit_and_test), which trainer.compile=auto decides by. The
-    run stops where the decision is made, before any data or model is built."""
+    run stops where the decision is made, before any data or model is built. Its outputs and committed runs are the
+    test's own: the project's may hold this cell finished, which a run skips."""
     from lra import fit, run
 
     decided = []
@@ -159,7 +160,14 @@ def test_a_run_decides_trainer_compile_auto_by_its_own_row(tmp_path, monkeypatch
 
     monkeypatch.setattr(fit, "trainer_arguments", decide_and_stop)
     cfg = config.compose(
-        ["experiment=table3", "task=listops", "attention=reformer", f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints"]
+        [
+            "experiment=table3",
+            "task=listops",
+            "attention=reformer",
+            f"paths.output_dir={tmp_path}/outputs",
+            f"paths.runs_dir={tmp_path}/runs",
+            f"callbacks.checkpoint.dirpath={tmp_path}/checkpoints",
+        ]
     )
     with pytest.raises(run.RunFailed, match="stopped where trainer.compile=auto is decided"):
         run.train(cfg, tmp_path, row="reformer")
