@@ -450,6 +450,26 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
+def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
+    """The README's table of the paper-protocol ListOps cells is typed by hand when a cell finishes: each row it quotes
+    has the committed table's mean ± error and paper number, and its run record's best validation accuracy."""
+    readme = (REPO / "README.md").read_text()
+    header = "| row | test accuracy (%), seed 0 | the paper | best validation (%) |"
+    assert header in readme, "README.md's 'Where it stands' has lost its table of the paper-protocol cells"
+    lines = readme[readme.index(header) :].splitlines()[2:]  # past the header and its | --- | line
+    quoted = [line.split("|")[1:5] for line in lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]]
+    committed = pd.read_csv(REPO / "results" / "table3.csv").query("section == 'paper' and task == 'listops'")
+    presets = {paper.TABLE3.label(preset).lower(): preset for preset in paper.TABLE3.presets}
+    assert quoted
+    for label, accuracy, paper_number, best_validation in quoted:
+        preset = presets[label.strip().lower().replace("ö", "o")]
+        cell = committed[committed.row == preset].iloc[0]
+        assert accuracy.strip() == f"{cell['mean']:.2f} ± {cell['standard_error']:.2f}", label
+        assert float(paper_number) == cell["paper"], label
+        (record,) = (REPO / "results" / "runs").glob(f"listops__{preset}__paper__seed0__*.json")
+        assert float(best_validation) == round(100 * json.loads(record.read_text())["best_val_acc"], 2), label
+
+
 @pytest.mark.slow
 def test_table_from_real_runs(tmp_path, run_train):
     run_train("attention=softmax,none", flags=["-m"])
