@@ -450,6 +450,27 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
+def quoted_table(text: str, header: str) -> list[list[str]]:
+    """The cells of the Markdown table under ``header`` (its first line, up to the first column's end or further) in
+    ``text``: a row a list of stripped strings."""
+    lines = text[text.index(header) :].splitlines()[2:]  # past the header and its | --- | line
+    rows = lines[: next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    return [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+
+
+def preset_of(label: str) -> str:
+    """The preset of a Table 3 row as the README's tables name it (``*YOSO-C-16``, ``Nyströmformer``)."""
+    presets = {paper.TABLE3.label(preset).lower(): preset for preset in paper.TABLE3.presets}
+    return presets[label.lower().replace("ö", "o")]
+
+
+def paper_protocol_record(label: str) -> dict:
+    """The committed seed-0 float32 run record of the paper-protocol ListOps cell of the Table 3 row ``label``."""
+    runs = (REPO / "results" / "runs").glob(f"listops__{preset_of(label)}__paper__seed0__*.json")
+    (run,) = [record for record in map(json.loads, map(Path.read_text, runs)) if record["precision"] == "32-true"]
+    return run
+
+
 def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
     """The README's table of the paper-protocol ListOps cells (seed 0, the CPU, float32) is typed by hand when a cell
     finishes: each row it quotes has its committed run's test accuracy ± the binomial error of its test set, the
@@ -457,19 +478,30 @@ def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
     readme = (REPO / "README.md").read_text()
     header = "| row | test accuracy (%), seed 0 | the paper | best validation (%) |"
     assert header in readme, "README.md's 'Where it stands' has lost its table of the paper-protocol cells"
-    lines = readme[readme.index(header) :].splitlines()[2:]  # past the header and its | --- | line
-    quoted = [line.split("|")[1:5] for line in lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]]
-    presets = {paper.TABLE3.label(preset).lower(): preset for preset in paper.TABLE3.presets}
+    quoted = quoted_table(readme, header)
     finished = f"{len(quoted)} of its {len(paper.TABLE3.rows)} cells have finished"
     assert finished in " ".join(readme.split()), f"the line above the table says '{finished}'"
-    for label, accuracy, paper_number, best_validation in quoted:
-        preset = presets[label.strip().lower().replace("ö", "o")]
-        runs = (REPO / "results" / "runs").glob(f"listops__{preset}__paper__seed0__*.json")
-        (run,) = [record for record in map(json.loads, map(Path.read_text, runs)) if record["precision"] == "32-true"]
+    for label, accuracy, paper_number, best_validation, _curve in quoted:
+        run = paper_protocol_record(label)
         p, n = run["test_acc"], run["num_samples"]["test"]
-        assert accuracy.strip() == f"{100 * p:.2f} ± {100 * np.sqrt(p * (1 - p) / n):.2f}", label
-        assert float(paper_number) == paper.TABLE3.number(preset, "listops"), label
+        assert accuracy == f"{100 * p:.2f} ± {100 * np.sqrt(p * (1 - p) / n):.2f}", label
+        assert float(paper_number) == paper.TABLE3.number(preset_of(label), "listops"), label
         assert float(best_validation) == round(100 * run["best_val_acc"], 2), label
+
+
+def test_the_results_readme_quotes_what_each_paper_protocol_cell_cost_as_recorded():
+    """``results/README.md``'s provenance of the paper-protocol cells quotes, for the same rows as the README's table,
+    each run's recorded run time, peak memory, end and commit."""
+    header = "| row | run time (h) | peak memory (MB) | finished (UTC) | commit |"
+    quoted = quoted_table((REPO / "results" / "README.md").read_text(), header)
+    readme_rows = [row[0] for row in quoted_table((REPO / "README.md").read_text(), "| row | test accuracy (%), seed 0 |")]
+    assert sorted(row[0] for row in quoted) == sorted(readme_rows), "the two tables quote different cells"
+    for label, hours, peak_memory, finished, commit in quoted:
+        run = paper_protocol_record(label)
+        assert float(hours) == round(run["wall_time_s"] / 3600, 2), label
+        assert int(peak_memory) == round(run["peak_memory_mb"]), label
+        assert finished == run["finished_at"][:16].replace("T", " "), label
+        assert run["git_commit"].startswith(commit), label
 
 
 @pytest.mark.slow
