@@ -17,6 +17,7 @@ from ..finished import finished_runs, record_paths
 from .plan import CELLS, LOG_FILE, Cell, Plan
 
 STATES = ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
+DONE = ("finished", "committed", "diverged")  # a cell in one of these is not run again
 
 # An evaluation's line in a run's train.log: lra.callbacks.EvaluationLog's message in the file format of
 # conf/hydra/job_logging/lra.yaml.
@@ -163,4 +164,9 @@ def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
     width = max(len(s.cell.name) for s in states)
     for state in states:
         lines.append(f"  {state.status:<11} {state.cell.name:<{width}}  {state.detail}")
+    if all(state.status in DONE for state in states):
+        lines.append(
+            "Nothing left to run: every cell is finished, committed or diverged. To go on with more seeds, start the "
+            "campaign again with them (seed=0,1,2): the cells finished or committed are skipped."
+        )
     return "\n".join(lines)

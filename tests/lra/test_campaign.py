@@ -209,6 +209,7 @@ def test_a_campaign_runs_two_cells_at_once_in_the_background_and_its_archive_mak
         if with_holder and f"pid {daemon} " in with_holder:
             os.kill(daemon, signal.SIGTERM)
     assert "Campaign process: not running" in done and "2 cells: 2 finished" in done, done
+    assert "Nothing left to run" in done, done
     with run_lock.held(folder):  # whoever holds the campaign's lock is its running process, whatever the timing
         assert f"Campaign process: running, pid {os.getpid()} " in command("lra.campaign", "status", cwd=home, env=env).stdout
     log = (folder / campaign.LOG_FILE).read_text()
@@ -254,7 +255,7 @@ def test_a_campaign_runs_two_cells_at_once_in_the_background_and_its_archive_mak
     assert "2 cells finished or committed, 0 to run" in again.stderr + again.stdout
     assert not list((fresh / "outputs" / "campaign" / campaign.CELLS).iterdir()) and not (fresh / "outputs" / "listops").exists()
     shown = command("lra.campaign", "status", cwd=fresh, env=fresh_env).stdout
-    assert "2 cells: 0 finished, 2 committed" in shown
+    assert "2 cells: 0 finished, 2 committed" in shown and "Nothing left to run" in shown
 
 
 @pytest.mark.slow
