@@ -450,9 +450,13 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
 
 
+# The header of the README's table of the paper-protocol cells.
+README_PAPER_TABLE = "| row | test accuracy (%), seed 0 | the paper | best validation (%) |"
+
+
 def quoted_table(text: str, header: str) -> list[list[str]]:
-    """The cells of the Markdown table under ``header`` (its first line, up to the first column's end or further) in
-    ``text``: a row a list of stripped strings."""
+    """The rows of the Markdown table whose header line starts with ``header`` in ``text``, each a list of its
+    stripped cells."""
     lines = text[text.index(header) :].splitlines()[2:]  # past the header and its | --- | line
     rows = lines[: next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
     return [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
@@ -476,7 +480,7 @@ def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
     finishes: each row it quotes has its committed run's test accuracy ± the binomial error of its test set, the
     paper's number, and the run's best validation accuracy."""
     readme = (REPO / "README.md").read_text()
-    header = "| row | test accuracy (%), seed 0 | the paper | best validation (%) |"
+    header = README_PAPER_TABLE
     assert header in readme, "README.md's 'Where it stands' has lost its table of the paper-protocol cells"
     quoted = quoted_table(readme, header)
     finished = f"{len(quoted)} of its {len(paper.TABLE3.rows)} cells have finished"
@@ -494,7 +498,7 @@ def test_the_results_readme_quotes_what_each_paper_protocol_cell_cost_as_recorde
     each run's recorded run time, peak memory, end and commit."""
     header = "| row | run time (h) | peak memory (MB) | finished (UTC) | commit |"
     quoted = quoted_table((REPO / "results" / "README.md").read_text(), header)
-    readme_rows = [row[0] for row in quoted_table((REPO / "README.md").read_text(), "| row | test accuracy (%), seed 0 |")]
+    readme_rows = [row[0] for row in quoted_table((REPO / "README.md").read_text(), README_PAPER_TABLE)]
     assert sorted(row[0] for row in quoted) == sorted(readme_rows), "the two tables quote different cells"
     for label, hours, peak_memory, finished, commit in quoted:
         run = paper_protocol_record(label)
