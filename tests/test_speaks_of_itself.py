@@ -18,7 +18,7 @@ OUTSIDE_WORDS = {
     r"\blent\b": "a GPU machine, a GPU job",
     r"\b(?:gpu|device|job) windows?\b": "a GPU job with a time limit",
     r"\bsessions?\b": "a run, a GPU job, a campaign (and `setsid` for a detached process)",
-    r"\.\./shared|device-wheels": "a path inside the repository, or what a user installs",
+    r"\.\./shared|\.parent\s*/\s*[\"']shared[\"']|device-wheels": "a path inside the repository, or what a user installs",
     r"/work/|\.mirror\b": "a path relative to the checkout",
 }
 
@@ -48,4 +48,5 @@ def test_the_check_finds_such_a_word():
     samples = ["on the lent H200", "a GPU window of 15 minutes", "the first session's", "../shared/x", "/work/main/x"]
     for sample, pattern in zip(samples, OUTSIDE_WORDS, strict=True):
         assert re.search(pattern, sample, flags=re.IGNORECASE), (pattern, sample)
+    assert re.search(list(OUTSIDE_WORDS)[3], 'REPO.parent / "shared" / "x.tex"'), "the same path, built in Python"
     assert not any(re.search(p, "a sliding window of 512 keys", flags=re.IGNORECASE) for p in OUTSIDE_WORDS)
