@@ -1,8 +1,9 @@
 """A sweep's cells K at a time on one machine, in the background, and what they finished and reached carried to the
 next machine in one small archive.
 
-    python -m lra.campaign start [--parallel K|auto [--measure-window S]] [--mps auto|on|off] [--nice N] [--dry-run]
-        [--foreground] [--stop-after S | --deadline S [--margin S] --pack FILE [--part-size MIB]] OVERRIDES...
+    python -m lra.campaign start [--parallel K|auto [--measure-window S]] [--mps auto|on|off] [--nice N]
+        [--dry-run] [--replace] [--foreground] [--stop-after S | --deadline S [--margin S] --pack FILE
+        [--part-size MIB]] OVERRIDES...
     python -m lra.campaign status [--wait S [--every S]]
     python -m lra.campaign stop [--wait S]
     python -m lra.campaign pack [--out FILE] [--part-size MIB]
@@ -13,10 +14,12 @@ next machine in one small archive.
 ``python -m lra.train <cell's overrides>``, K at a time, on the machine's one GPU (or its CPU), detached (``setsid``)
 unless ``--foreground``. Each cell is an ordinary run: its folder is the one the sweep would give it, it holds its
 folder's lock, it is skipped where its configuration is finished (in its folder, elsewhere under the output folder, or
-committed under ``results/runs/``) and resumes from its ``last.ckpt`` where it was interrupted. ``status`` lists the
-cells, ``stop`` interrupts them (each saves its state; a later ``start`` resumes it), ``pack`` writes what the next
-machine needs into one archive and ``unpack`` puts it in place there. ``measure`` times K concurrent copies of one cell
-for each K: the curve ``--parallel auto`` takes K from. docs/scale-out.md has the recipes.
+committed under ``results/runs/``) and resumes from its ``last.ckpt`` where it was interrupted. A plan that leaves
+out an unfinished cell of the campaign's earlier plan, in its folder or carried to this machine, is refused unless
+``--replace``: a pack carries the running plan's cells only. ``status`` lists the cells, ``stop`` interrupts them (each
+saves its state; a later ``start`` resumes it), ``pack`` writes what the next machine needs into one archive and
+``unpack`` puts it in place there. ``measure`` times K concurrent copies of one cell for each K: the curve
+``--parallel auto`` takes K from. docs/scale-out.md has the recipes.
 
 The modules, from the bottom up:
 

@@ -68,6 +68,12 @@ def start_arguments(begin: argparse.ArgumentParser) -> None:
     begin.add_argument(
         "--part-size", type=float, default=PART_SIZE_MIB, metavar="MIB", help="with --pack: the largest file it writes"
     )
+    begin.add_argument(
+        "--replace",
+        action="store_true",
+        help="start this plan even where it leaves out unfinished cells of the campaign's earlier plan (a pack then "
+        "carries this plan's cells only)",
+    )
     begin.add_argument("--dry-run", action="store_true", help="list the cells and what would run, and exit")
     begin.add_argument("overrides", nargs="*", help="the sweep, as python -m lra.train -m takes it")
 

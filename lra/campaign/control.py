@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,9 +25,9 @@ from ..rows import read_rows
 from . import archive, carry, restore
 from .machine import Share, cell_command, check_device, cores, device_slug, on_gpu
 from .mps import mps_decision, mps_problem
-from .plan import CELLS, LOG_FILE, START_LOCK_FILE, CampaignError, Plan, make_plan
+from .plan import CELLS, LOG_FILE, START_LOCK_FILE, CampaignError, Plan, campaign_name, make_plan
 from .scheduler import run
-from .state import plan_states, status_text
+from .state import left_out, plan_states, status_text
 from .throughput import FIRST_K, auto_parallel_with, curve_of, curve_path
 
 
@@ -147,16 +148,38 @@ def new_plan(args: argparse.Namespace) -> tuple[Plan, Any]:
         pack=str(args.pack.absolute()) if args.pack else None,
         part_size_mib=args.part_size,
         margin_s=args.margin,
+        dir=campaign_name(args.dir),
     )
     return plan, trainer
 
 
-def dry_run(campaign: Path, plan: Plan, trainer: Any) -> int:
-    """What ``start`` would run: the plan, each cell's state and command, and what this machine would refuse."""
+def left_out_problem(campaign: Path, plan: Plan) -> str | None:
+    """What ``plan`` would lose if it replaced the campaign's earlier plans (:func:`lra.campaign.state.left_out`): the
+    unfinished cells it leaves out, and the command that starts the plan they belong to again; None where nothing."""
+    cells = left_out(campaign, plan)
+    if not cells:
+        return None
+    earlier = cells[0][0]
+    command = ["python", "-m", "lra.campaign", "start", "--dir", campaign_name(campaign)]
+    command += ["--nice", str(earlier.nice)] if earlier.nice else []
+    named = ", ".join(f"{cell.name} (step {step} of {cell.max_steps})" for _, cell, step in cells)
+    return (
+        f"this plan leaves out unfinished cells of the campaign's earlier plan: {named}. A pack carries only the "
+        f"running plan's cells, so their training would stay behind on this machine. Start the plan they belong to "
+        f"again (its finished cells are skipped): {shlex.join(command + earlier.overrides)}; or add --replace to "
+        "start this plan anyway (their run folders stay as they are)"
+    )
+
+
+def dry_run(campaign: Path, plan: Plan, trainer: Any, problem: str | None) -> int:
+    """What ``start`` would run: the plan, each cell's state and command, and what it would refuse (``problem``: the
+    earlier plan's unfinished cells it leaves out) or this machine would."""
     print(plan.describe())
     share = Share(plan.parallel, plan.threads_per_cell, plan.workers_per_cell)
     for state in plan_states(campaign, plan):
         print(f"  {state.status:<11} {state.cell.name}  {' '.join(cell_command(state.cell, share)[0][3:])}")
+    if problem:
+        print(f"note: start refuses this plan: {problem}")
     if plan.mps_setting == "on" and not plan.mps:
         print(f"note: {plan.mps_reason}; start --mps on refuses these cells on this machine")
     if on_gpu(trainer):
@@ -172,8 +195,11 @@ def start(args: argparse.Namespace) -> int:
     check_start_arguments(args)
     refuse_if_taken(campaign)  # before planning, which takes a while
     plan, trainer = new_plan(args)
+    problem = None if args.replace else left_out_problem(campaign, plan)
     if args.dry_run:
-        return dry_run(campaign, plan, trainer)
+        return dry_run(campaign, plan, trainer, problem)
+    if problem:
+        raise CampaignError(problem, 1)
     check_device(trainer)
     with starting(campaign):
         (campaign / CELLS).mkdir(exist_ok=True)

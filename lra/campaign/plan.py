@@ -22,6 +22,7 @@ PLAN_FILE = "campaign.json"
 LOG_FILE = "campaign.log"
 START_LOCK_FILE = "start.lock"  # held by a start from its plan's writing until its campaign's process holds the folder
 CELLS = "cells"  # <dir>/cells/<n>.log: a launched cell's console output; <n>.exit: its exit status
+UNPACKED = "unpacked"  # <output folder>/unpacked/<archive's name>/: what unpack read back (the carried plan, its log)
 MEASURE_WINDOW_S = 120.0  # --parallel auto: the seconds of training over which a job measures each K it runs
 PART_SIZE_MIB = 16.0  # pack: an archive larger than this is cut into parts of at most this size
 DEADLINE_MARGIN_S = 90.0  # --deadline: the cells stop this long before it, to save their state and be packed
@@ -75,6 +76,7 @@ class Plan:
     pack: str | None = None  # --pack: the archive written when the campaign ends
     part_size_mib: float = PART_SIZE_MIB
     margin_s: float = DEADLINE_MARGIN_S
+    dir: str | None = None  # the campaign's folder (relative to cwd where inside it): whose cells a carried plan holds
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # keys of a later version, kept as they were
 
     @classmethod
@@ -106,6 +108,13 @@ class Plan:
             f"({plural(self.threads_per_cell, 'thread')} and at most {plural(self.workers_per_cell, 'data-loader worker')} "
             f"each{nice}){mps}"
         )
+
+
+def campaign_name(campaign: Path) -> str:
+    """The campaign folder as a plan names it: relative to the working directory where it is inside it, so that a
+    plan carried to a checkout at another path names the same folder."""
+    campaign = campaign.absolute()
+    return campaign.relative_to(Path.cwd()).as_posix() if campaign.is_relative_to(Path.cwd()) else str(campaign)
 
 
 def plural(count: int, noun: str) -> str:

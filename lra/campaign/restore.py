@@ -26,7 +26,7 @@ from ..finished import CURVES, Commit, commit, plan_commit, record_problem
 from ..results import RESULTS_FILE, RunRecord, read
 from . import archive
 from .carry import CURVE_MEMBER, RUN_MEMBER, STATE_MEMBER, is_member
-from .plan import CampaignError
+from .plan import UNPACKED, CampaignError
 
 RESTORING = ".restoring"  # <folder>.restoring: a cell's restored folder, built before it is swapped in
 REPLACED = ".replaced"  # <folder>.replaced: the folder it replaced, until the swap is done
@@ -60,7 +60,7 @@ def unpack(path: Path, remove: bool = False) -> None:
             if name.startswith("results/") and not (RUN_MEMBER.fullmatch(name) or CURVE_MEMBER.fullmatch(name)):
                 (Path.cwd() / name).parent.mkdir(parents=True, exist_ok=True)
                 write_atomically(Path.cwd() / name, data)  # the throughput curve
-        logs = output_dir / "unpacked" / archive.base_of(path).name.split(".")[0]
+        logs = output_dir / UNPACKED / archive.base_of(path).name.split(".")[0]
         for name, data in members.items():
             if name.startswith("campaign/"):
                 (logs / name.removeprefix("campaign/")).parent.mkdir(parents=True, exist_ok=True)

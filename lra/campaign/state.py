@@ -8,13 +8,13 @@ import csv
 import re
 import socket
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from .. import checkpoints, results, run_lock
+from .. import checkpoints, config, results, run_lock
 from ..finished import finished_runs, record_paths
-from .plan import CELLS, LOG_FILE, Cell, Plan
+from .plan import CELLS, LOG_FILE, PLAN_FILE, UNPACKED, CampaignError, Cell, Plan, campaign_name
 
 STATES = ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
 DONE = ("finished", "committed", "diverged")  # a cell in one of these is not run again
@@ -170,3 +170,38 @@ def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
             "campaign again with them (seed=0,1,2): the cells finished or committed are skipped."
         )
     return "\n".join(lines)
+
+
+def earlier_plans(campaign: Path) -> list[Plan]:
+    """The plans of the campaign in ``campaign`` that a new one replaces: the one in its folder, and each plan that
+    ``unpack`` read back from an archive of this campaign (``<output folder>/unpacked/*/campaign.json`` naming this
+    folder). A plan that does not read is passed over: this only looks for work to keep."""
+    paths = [campaign / PLAN_FILE, *sorted((config.output_dir() / UNPACKED).glob(f"*/{PLAN_FILE}"))]
+    plans = []
+    for path in paths:
+        try:
+            earlier = Plan.read(path.parent)
+        except (CampaignError, OSError, ValueError, TypeError, KeyError):
+            continue
+        if path.parent == campaign or earlier.dir == campaign_name(campaign):
+            plans.append(earlier)
+    return plans
+
+
+def left_out(campaign: Path, plan: Plan) -> list[tuple[Plan, Cell, int]]:
+    """The unfinished cells of the campaign's earlier plans (:func:`earlier_plans`) that ``plan`` leaves out, each
+    with its plan and the step its last.ckpt holds on this machine. A pack carries its plan's cells only, so once
+    ``plan`` replaces theirs, what they trained would stay behind on this machine."""
+    output_dir, planned = Path(plan.output_dir), {cell.config_hash for cell in plan.cells}
+    candidates: dict[str, tuple[Plan, Cell, int]] = {}
+    for earlier in earlier_plans(campaign):
+        for cell in earlier.cells:
+            folder = Path(cell.folder)
+            if cell.config_hash in planned or cell.config_hash in candidates or not folder.is_relative_to(earlier.output_dir):
+                continue
+            here = replace(cell, folder=str(output_dir / folder.relative_to(earlier.output_dir)))
+            record = results.read(Path(here.folder) / results.RESULTS_FILE)
+            if (step := saved_step(Path(here.folder))) is not None and not (record and record.status == "diverged"):
+                candidates[cell.config_hash] = (earlier, here, step)
+    found, committed = finished_records([cell for _, cell, _ in candidates.values()], output_dir, Path(plan.runs_dir))
+    return [entry for digest, entry in candidates.items() if digest not in found and digest not in committed]

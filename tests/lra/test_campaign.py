@@ -642,3 +642,45 @@ def test_two_starts_at_once_in_one_folder_are_one_campaign_and_one_refusal(tmp_p
     finally:
         command("lra.campaign", "stop", "--dir", str(tmp_path / "c"), cwd=tmp_path, env=env)
         command("lra.campaign", "status", "--dir", str(tmp_path / "c"), "--wait", "120", cwd=tmp_path, env=env)
+
+
+def test_a_plan_that_leaves_out_the_carried_unfinished_cells_is_refused_until_replaced(tmp_path, capsys, monkeypatch):
+    """A campaign started again with fewer cells (a seed left out of the command) replaced its plan, and the next pack
+    carried only the new plan's cells: an interrupted cell's training stayed behind on the machine it ran on. Here
+    that start is refused, in the campaign's folder and on the next machine after unpack, naming the cell and the
+    command that starts its plan again."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    two_seeds = ["attention=none", "seed=0,1", *TINY]
+    plan, _ = campaign.control.new_plan(campaign.parser().parse_args(["start", "--dir", "c", "--nice", "19", *two_seeds]))
+    (tmp_path / "c").mkdir()
+    plan.write(tmp_path / "c")
+    seed1 = Path(plan.cells[1].folder)
+    checkpoint(seed1 / "checkpoints" / "last.ckpt", 3)
+    expected = f"listops / none / seed 1 (step 3 of {plan.cells[1].max_steps}). A pack carries only the running plan's cells"
+    again = f"python -m lra.campaign start --dir c --nice 19 {' '.join(two_seeds)}"
+
+    def start(*argv: str) -> tuple[int, str]:
+        status = campaign.main(["start", "--dir", "c", *argv])
+        return status, capsys.readouterr().err
+
+    status, err = start("attention=none", "seed=0", *TINY)
+    assert status == 1 and expected in err and again in err and "add --replace" in err
+    assert campaign.Plan.read(tmp_path / "c").overrides == plan.overrides, "the earlier plan stays"
+    assert campaign.main(["start", "--dry-run", "--dir", "c", "attention=none", "seed=0", *TINY]) == 0
+    assert "note: start refuses this plan: " in capsys.readouterr().out
+    for keeps in (two_seeds, ["attention=none", "seed=1", *TINY], ["--replace", "attention=none", "seed=0", *TINY]):
+        assert campaign.main(["start", "--dry-run", "--dir", "c", *keeps]) == 0
+        assert "refuses" not in capsys.readouterr().out, keeps
+
+    # On the next machine, at another path: the plan comes back with the archive, the cell with its state.
+    assert campaign.main(["pack", "--dir", "c", "--out", str(tmp_path / "carry.tar.gz")]) == 0
+    elsewhere = tmp_path / "next"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(elsewhere / "outputs"))
+    assert campaign.main(["unpack", str(tmp_path / "carry.tar.gz")]) == 0
+    status, err = start("attention=none", "seed=0", *TINY)
+    assert status == 1 and expected in err and again in err
+    assert campaign.main(["start", "--dry-run", "--dir", "other", "attention=none", "seed=0", *TINY]) == 0
+    assert "refuses" not in capsys.readouterr().out, "another campaign's folder: not this plan's cells"
