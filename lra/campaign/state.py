@@ -191,8 +191,10 @@ def earlier_plans(campaign: Path) -> list[Plan]:
 def left_out(campaign: Path, plan: Plan) -> list[tuple[Plan, Cell, int]]:
     """The unfinished cells of the campaign's earlier plans (:func:`earlier_plans`) that ``plan`` leaves out, each
     with its plan and the step its last.ckpt holds on this machine. A pack carries its plan's cells only, so once
-    ``plan`` replaces theirs, what they trained would stay behind on this machine."""
-    output_dir, planned = Path(plan.output_dir), {cell.config_hash for cell in plan.cells}
+    ``plan`` replaces theirs, what they trained would stay behind on this machine. A cell whose folder ``plan`` still
+    trains in is not left out, whatever its configuration now (its run says whether its last.ckpt resumes)."""
+    output_dir = Path(plan.output_dir)
+    planned = {cell.config_hash for cell in plan.cells} | {cell.folder for cell in plan.cells}
     candidates: dict[str, tuple[Plan, Cell, int]] = {}
     for earlier in earlier_plans(campaign):
         for cell in earlier.cells:
@@ -200,6 +202,8 @@ def left_out(campaign: Path, plan: Plan) -> list[tuple[Plan, Cell, int]]:
             if cell.config_hash in planned or cell.config_hash in candidates or not folder.is_relative_to(earlier.output_dir):
                 continue
             here = replace(cell, folder=str(output_dir / folder.relative_to(earlier.output_dir)))
+            if here.folder in planned:
+                continue
             record = results.read(Path(here.folder) / results.RESULTS_FILE)
             if (step := saved_step(Path(here.folder))) is not None and not (record and record.status == "diverged"):
                 candidates[cell.config_hash] = (earlier, here, step)

@@ -672,6 +672,12 @@ def test_a_plan_that_leaves_out_the_carried_unfinished_cells_is_refused_until_re
     for keeps in (two_seeds, ["attention=none", "seed=1", *TINY], ["--replace", "attention=none", "seed=0", *TINY]):
         assert campaign.main(["start", "--dry-run", "--dir", "c", *keeps]) == 0
         assert "refuses" not in capsys.readouterr().out, keeps
+    changed = campaign.Plan.read(tmp_path / "c")
+    changed.cells[1].config_hash = "another configuration"  # of an earlier version: its own run refuses its last.ckpt
+    changed.write(tmp_path / "c")
+    assert campaign.main(["start", "--dry-run", "--dir", "c", *two_seeds]) == 0
+    assert "refuses" not in capsys.readouterr().out, "the plan still trains in the cell's folder"
+    plan.write(tmp_path / "c")
 
     # On the next machine, at another path: the plan comes back with the archive, the cell with its state.
     assert campaign.main(["pack", "--dir", "c", "--out", str(tmp_path / "carry.tar.gz")]) == 0
