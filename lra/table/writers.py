@@ -196,6 +196,11 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
         lines.append(
             "A cell of one seed: its ± is the sampling error of its test set alone; another seed's run may differ by more."
         )
+    if any(k > 1 for k in seeds):
+        lines.append(
+            "A cell of several seeds: its ± is their spread alone, without the sampling error of the test set they share "
+            "(seeds that scored alike read ± 0.00)."
+        )
     if speed:
         lines.append(
             "steps/s: training steps per second (evaluations excluded), MB: peak memory, each the mean of the cell's "

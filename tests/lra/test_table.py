@@ -157,13 +157,18 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
     assert section.duplicates == [
         "listops / softmax / seed 1: 2 runs of one configuration, the latest (2026-02-01T00:00:00) counts"
     ]
-    assert "Counted once:" in table.markdown(result, "test records")
+    text = table.markdown(result, "test records")
+    assert "Counted once:" in text
+    assert "A cell of several seeds: its ± is their spread alone, without the sampling error of the test set" in text
+    assert "A cell of one seed" not in text
 
 
 def test_one_seed_shows_the_binomial_standard_error_of_its_test_samples():
     result = table.build([record("softmax", "listops", 0, 0.331, num_test=1000)])
     assert result.sections[0].cell("softmax", "listops")["standard_error"] == pytest.approx(100 * (0.331 * 0.669 / 1000) ** 0.5)
-    assert "Test samples: ListOps 1000." in table.markdown(result, "test records")
+    text = table.markdown(result, "test records")
+    assert "Test samples: ListOps 1000." in text and "A cell of one seed: its ± is the sampling error" in text
+    assert "A cell of several seeds" not in text
 
 
 def test_best_is_bold_only_beyond_the_noise():
