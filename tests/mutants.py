@@ -49,7 +49,16 @@ from yoso_cuda.build import extensions_root
 from yoso_cuda.emulator import sanitizer_preload
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("attention_zoo", "lra", "yoso_cuda", "tests", "results", "conftest.py", "pyproject.toml")
+COPIED = (
+    "attention_zoo",
+    "lra",
+    "yoso_cuda",
+    "tests",
+    "results",
+    "conftest.py",
+    "pyproject.toml",
+    "README.md",  # the table's tests check the numbers it quotes
+)
 
 
 @dataclass(frozen=True)
@@ -370,8 +379,16 @@ MUTANTS = [
         "standard_error_not_over_sqrt_k",
         "lra/table/cells.py",
         "a cell's standard error over seeds is their standard deviation, not std / sqrt(k)",
-        'cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(',
-        'cells["standard_error"] = (cells["std"]).where(',
+        'seeds = (cells["std"] / np.sqrt(cells["num_seeds"])).where(',
+        'seeds = (cells["std"]).where(',
+        TABLE,
+    ),
+    Mutant(
+        "standard_error_without_the_test_set",
+        "lra/table/cells.py",
+        "a cell of several seeds has their spread alone as its error, without the test set's they share",
+        'cells["standard_error"] = np.hypot(seeds, binomial)',
+        'cells["standard_error"] = seeds.where(cells["num_seeds"] > 1, binomial)',
         TABLE,
     ),
     Mutant(

@@ -173,8 +173,9 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     """One row per cell, indexed by (section, row label, task): the runs pooled, their mean, standard error,
     the paper's number, whether the cell is its task's best and (ListOps) on the paper's side.
 
-    The mean is the test accuracy (%) over the cell's seeds; its standard error is over seeds (std / sqrt(k)) where it
-    has k >= 2 seeds, else the binomial standard error of one accuracy on its n test samples, sqrt(p (1 - p) / n). The
+    The mean is the test accuracy (%) over the cell's seeds. Its standard error has two parts: the seeds' spread,
+    std / sqrt(k) where it has k >= 2 seeds, and the sampling error of the test set the seeds share, the binomial
+    sqrt(p (1 - p) / n) of the mean on its n test samples, which averaging seeds does not reduce; in quadrature. The
     paper's number is the one of the paper's row as the cell's preset defines it (:meth:`lra.paper.PaperTable.number`),
     NaN for a row the paper does not have or a changed one.
     """
@@ -196,7 +197,8 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     )
     p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
     binomial = 100 * np.sqrt(p * (1 - p) / n)
-    cells["standard_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, binomial)
+    seeds = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, 0.0)
+    cells["standard_error"] = np.hypot(seeds, binomial)
     cells["generated"] = cells["data_source"].str.contains("generated")
     labels, tasks = cells.index.get_level_values("label"), cells.index.get_level_values("task")
     cells["paper"] = [published.number(label, task) for label, task in zip(labels, tasks)]

@@ -196,11 +196,6 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
         lines.append(
             "A cell of one seed: its ± is the sampling error of its test set alone; another seed's run may differ by more."
         )
-    if any(k > 1 for k in seeds):
-        lines.append(
-            "A cell of several seeds: its ± is their spread alone, without the sampling error of the test set they share "
-            "(seeds that scored alike read ± 0.00)."
-        )
     if speed:
         lines.append(
             "steps/s: training steps per second (evaluations excluded), MB: peak memory, each the mean of the cell's "
@@ -241,9 +236,10 @@ def legend(table: Table) -> list[str]:
         "Each section is one protocol with every setting in which its runs depart from the protocol as declared (its "
         f"`experiment=`) or differ from each other, and the precision where it is not float32 (its title): {rows} and, "
         f"per task, our cell beside {numbers}. Our cell: the mean test accuracy of the "
-        "best-validation checkpoint ± its standard error (over seeds, std / √k, where a cell has k ≥ 2 seeds; else the "
-        "binomial error √(p(1 − p)/n) of one run on its n test samples). Bold: the best of a task where it beats the "
-        "next row by more than twice the standard error of the difference. † = generated data (the official "
+        "best-validation checkpoint ± its standard error: the binomial error √(p(1 − p)/n) of the mean on its n test "
+        "samples, which its seeds share, and where a cell has k ≥ 2 seeds their spread std / √k, in quadrature. "
+        "Bold: the best of a task where it beats the next row by more than twice the standard error of the "
+        "difference. † = generated data (the official "
         "generators' algorithms, not the LRA release). A cell pools only runs whose whole configuration is equal but "
         f"for the seed. The paper column is {published.source}, under {published.protocol_words}, marked ‡ where "
         "the section's protocol is not the paper's: there it is a reference for the ranking, not a target. Under the "

@@ -153,14 +153,22 @@ def test_seeds_of_one_configuration_pool_and_a_repeated_seed_counts_once():
     (section,) = result.sections
     cell = section.cell("softmax", "listops")
     assert cell["accuracies"] == [36.0, 30.0] and cell["seeds"] == [0, 1]
-    assert cell["standard_error"] == pytest.approx(cell["std"] / 2**0.5) and cell["std"] == pytest.approx(4.2426, rel=1e-4)
+    assert cell["std"] == pytest.approx(4.2426, rel=1e-4)
+    # The seeds' spread and the sampling error of the test set they share (1000 samples at the mean, 33%), combined.
+    assert cell["standard_error"] == pytest.approx(((cell["std"] / 2**0.5) ** 2 + 100**2 * 0.33 * 0.67 / 1000) ** 0.5)
     assert section.duplicates == [
         "listops / softmax / seed 1: 2 runs of one configuration, the latest (2026-02-01T00:00:00) counts"
     ]
     text = table.markdown(result, "test records")
-    assert "Counted once:" in text
-    assert "A cell of several seeds: its ± is their spread alone, without the sampling error of the test set" in text
-    assert "A cell of one seed" not in text
+    assert "Counted once:" in text and "A cell of one seed" not in text
+
+
+def test_seeds_that_scored_alike_keep_the_sampling_error_of_the_test_set_they_share():
+    """Two seeds that both predicted the majority class read 16.85 ± 0.00 when the error was their spread alone."""
+    result = table.build([record("nystromformer", "listops", seed, 0.1685, num_test=2000) for seed in (0, 1)])
+    cell = result.sections[0].cell("nystromformer", "listops")
+    assert cell["std"] == 0 and cell["standard_error"] == pytest.approx(100 * (0.1685 * 0.8315 / 2000) ** 0.5)
+    assert "| nystromformer | 16.85 ± 0.84† |" in table.markdown(result, "test records")
 
 
 def test_one_seed_shows_the_binomial_standard_error_of_its_test_samples():
@@ -168,7 +176,6 @@ def test_one_seed_shows_the_binomial_standard_error_of_its_test_samples():
     assert result.sections[0].cell("softmax", "listops")["standard_error"] == pytest.approx(100 * (0.331 * 0.669 / 1000) ** 0.5)
     text = table.markdown(result, "test records")
     assert "Test samples: ListOps 1000." in text and "A cell of one seed: its ± is the sampling error" in text
-    assert "A cell of several seeds" not in text
 
 
 def test_best_is_bold_only_beyond_the_noise():
@@ -190,7 +197,7 @@ def test_the_papers_number_beside_every_section_marked_where_its_protocol_is_not
     result = table.build([paper_record("softmax", "listops", 0, 0.36), paper_record("softmax", "listops", 1, 0.38)])
     assert result.sections[0].paper_protocol
     text = table.markdown(result, "test records")
-    assert "| model | ListOps | paper | Text | paper |" in text and "| softmax | 37.00 ± 1.00 | 37.10 | – | 65.02 |" in text
+    assert "| model | ListOps | paper | Text | paper |" in text and "| softmax | 37.00 ± 1.83 | 37.10 | – | 65.02 |" in text
     assert table.cells_frame(result).loc[0, ["paper", "paper_protocol", "difference"]].tolist() == [37.10, True, -0.10]
     # Named "paper" but shortened: the paper's number, marked as its full protocol, and no difference.
     short = table.build([paper_record("softmax", "listops", 0, 0.30, max_steps=1000)])
@@ -398,7 +405,7 @@ def test_lra_table_paper_lra_table1_writes_its_own_files(tmp_path):
     assert {p.name for p in outputs.glob("lra_table1*")} == {
         f"lra_table1{suffix}" for suffix in (".md", ".csv", "_agreement.csv", ".tex", ".png")
     }
-    assert "| Local Attention | 17.00 ± 0.58† | 15.82 |" in (outputs / "lra_table1.md").read_text()
+    assert "| Local Attention | 17.00 ± 1.32† | 15.82 |" in (outputs / "lra_table1.md").read_text()
 
 
 def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_records(tmp_path):
@@ -412,7 +419,7 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
     table.main(args)
     assert sorted(p.name for p in results.iterdir()) == ["runs"], "a plain lra.table never writes into results/"
     user = (outputs / "comparison.md").read_text()
-    assert "| softmax | 31.00 ± 0.58† | 37.10‡ |" not in user and "| softmax | 31.00 ± 0.58† | 37.10 | – | 65.02 |" in user
+    assert "| softmax | 31.00 ± 1.57† | 37.10‡ |" not in user and "| softmax | 31.00 ± 1.57† | 37.10 | – | 65.02 |" in user
     assert "| yoso-32 | – | 37.25 | – | 63.12 | – | 78.69 | – | 40.21 | 70.00 ± 1.45† | 72.33 |" in user
     table.main([*args, "--paper", "table3"])
     assert sorted(p.name for p in results.iterdir()) == ["runs"]
@@ -428,12 +435,12 @@ def test_a_plain_table_goes_to_the_outputs_and_the_committed_one_from_committed_
     table.main([*args, "--collect"])
     collected = sorted((results / "runs").glob("listops__softmax__smoke__seed*.json"))
     assert len(collected) == 3 and all("best_checkpoint" not in json.loads(p.read_text()) for p in collected)
-    assert "| softmax | 31.00 ± 0.58† | 37.10 | – |" in (results / "comparison.md").read_text()
+    assert "| softmax | 31.00 ± 1.57† | 37.10 | – |" in (results / "comparison.md").read_text()
     frame = pd.read_csv(results / "comparison.csv")
     assert list(frame.columns[:8]) == ["section", "protocol", "row", "task", "num_seeds", "seeds", "num_test", "mean"]
     # --collect remakes every committed table, so that none disagrees with the committed records; spt.* has no runs.
-    assert "| softmax | 31.00 ± 0.58† | 37.10 |" in (results / "table3.md").read_text()
-    assert "| Transformer | 31.00 ± 0.58† | 36.37 |" in (results / "lra_table1.md").read_text()
+    assert "| softmax | 31.00 ± 1.57† | 37.10 |" in (results / "table3.md").read_text()
+    assert "| Transformer | 31.00 ± 1.57† | 36.37 |" in (results / "lra_table1.md").read_text()
     assert not (results / "spt.md").exists()
 
 
@@ -646,7 +653,7 @@ def test_lra_table_without_paper_writes_the_comparison_and_rows_picks_them(tmp_p
     }
     assert not results.exists(), "a plain lra.table never writes into results/"
     text = (outputs / "comparison.md").read_text()
-    assert text.index("| none |") < text.index("| cosine | **30.50 ± 0.50**† | – |")
+    assert text.index("| none |") < text.index("| cosine | **30.50 ± 1.54**† | – |")
     table.main([*args, "--rows", "cosine,linformer", "--name", "mine"])  # a registered row without runs: a note
     assert "note: no finished runs of linformer; rows with finished runs: cosine, none" in capsys.readouterr().out
     assert "| none |" not in (outputs / "mine.md").read_text() and "| cosine |" in (outputs / "mine.md").read_text()
@@ -668,7 +675,7 @@ def test_speed_and_memory_columns_from_the_records():
     result = table.build(records, rows=table.ALL_ROWS, speed=True)
     text = table.markdown(result, "test records")
     assert "| model | ListOps | paper‡ | steps/s | MB | Text |" in text
-    assert "| softmax | **30.00 ± 0.00**† | 37.10 | 2.50 | 800 |" in text and "| none | 17.00 ± 1.19† | 19.20 | – | – |" in text
+    assert "| softmax | **30.00 ± 1.45**† | 37.10 | 2.50 | 800 |" in text and "| none | 17.00 ± 1.19† | 19.20 | – | – |" in text
     assert "Trained on cpu (2 cores); not recorded, in float32." in text
     assert "compare them only between runs of one machine" in text
     frame = table.cells_frame(result).set_index("row")
