@@ -194,15 +194,16 @@ def left_out(campaign: Path, plan: Plan) -> list[tuple[Plan, Cell, int]]:
     ``plan`` replaces theirs, what they trained would stay behind on this machine. A cell whose folder ``plan`` still
     trains in is not left out, whatever its configuration now (its run says whether its last.ckpt resumes)."""
     output_dir = Path(plan.output_dir)
-    planned = {cell.config_hash for cell in plan.cells} | {cell.folder for cell in plan.cells}
+    planned_hashes, planned_folders = {cell.config_hash for cell in plan.cells}, {cell.folder for cell in plan.cells}
     candidates: dict[str, tuple[Plan, Cell, int]] = {}
     for earlier in earlier_plans(campaign):
         for cell in earlier.cells:
             folder = Path(cell.folder)
-            if cell.config_hash in planned or cell.config_hash in candidates or not folder.is_relative_to(earlier.output_dir):
+            known = cell.config_hash in planned_hashes or cell.config_hash in candidates
+            if known or not folder.is_relative_to(earlier.output_dir):
                 continue
             here = replace(cell, folder=str(output_dir / folder.relative_to(earlier.output_dir)))
-            if here.folder in planned:
+            if here.folder in planned_folders:
                 continue
             record = results.read(Path(here.folder) / results.RESULTS_FILE)
             if (step := saved_step(Path(here.folder))) is not None and not (record and record.status == "diverged"):
