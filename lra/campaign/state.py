@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import checkpoints, config, results, run_lock
 from ..finished import finished_runs, record_paths
-from .plan import CELLS, LOG_FILE, PLAN_FILE, UNPACKED, CampaignError, Cell, Plan, campaign_name
+from .plan import CELLS, LOG_FILE, PLAN_FILE, UNPACKED, CampaignError, Cell, Plan, campaign_name, plural
 
 STATES = ("finished", "committed", "running", "failed", "diverged", "interrupted", "pending")
 DONE = ("finished", "committed", "diverged")  # a cell in one of these is not run again
@@ -74,11 +74,14 @@ def pace(train_log: Path) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def duration_text(seconds: float) -> str:
+    """``1.6 h`` from an hour up, ``20 min`` below."""
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{max(1, round(seconds / 60))} min"
+
+
 def pace_text(steps_per_second: float, steps_left: int) -> str:
     """``41 steps/min, about 1.6 h to its last step``."""
-    left = steps_left / steps_per_second
-    duration = f"{left / 3600:.1f} h" if left >= 3600 else f"{max(1, round(left / 60))} min"
-    return f"{steps_per_second * 60:.3g} steps/min, about {duration} to its last step"
+    return f"{steps_per_second * 60:.3g} steps/min, about {duration_text(steps_left / steps_per_second)} to its last step"
 
 
 def saved_step(folder: Path) -> int | None:
@@ -95,7 +98,9 @@ class CellState:
     cell: Cell
     status: str  # one of STATES
     detail: str
-    record: Path | None = None  # the finished record, for pack
+    record: Path | None = None  # the finished or committed record (pack carries the finished ones)
+    step: int = 0  # the steps trained (a stopped run's: where it resumes)
+    pace: float | None = None  # a running cell's steps per second (:func:`pace`)
 
 
 def cell_states(campaign: Path, cells: list[Cell], output_dir: Path, runs_dir: Path) -> list[CellState]:
@@ -127,25 +132,67 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
         where = "" if found[cell.config_hash].parent == folder else f" (in {found[cell.config_hash].parent})"
         return CellState(cell, "finished", f"test acc {finished.test_acc:.4f}{where}", found[cell.config_hash])
     if cell.config_hash in committed:
-        return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}")
+        return CellState(cell, "committed", f"skipped: {committed[cell.config_hash]}", committed[cell.config_hash])
     if holder:
-        if (step or 0) < cell.max_steps and (rate := pace(folder / "train.log")) is not None:  # else it is testing
+        rate = pace(folder / "train.log") if (step or 0) < cell.max_steps else None  # else it is testing
+        if rate is not None:
             steps += ", " + pace_text(rate, cell.max_steps - (step or 0))
-        return CellState(cell, "running", f"{steps} ({holder})")
+        return CellState(cell, "running", f"{steps} ({holder})", step=step or 0, pace=rate)
     if record and record.status == "diverged":
         # Its settings make it diverge: run again, it would again. Not run, and its record goes on from job to job.
-        return CellState(cell, "diverged", f"{steps}: {(record.error or '').splitlines()[0][:160]}")
+        return CellState(cell, "diverged", f"{steps}: {(record.error or '').splitlines()[0][:160]}", step=step or 0)
     if launched and exit_file.is_file():
         status = record.status if record and record.status in ("failed", "interrupted") else "failed"
         error = record.error if record and record.error else f"exit status {exit_file.read_text().strip()}"
         error += "" if record else ", no record"
         error += "; start resumes it from its last.ckpt" if status == "interrupted" else ""
-        return CellState(cell, status, f"{steps}: {error.splitlines()[0][:160]}")
+        return CellState(cell, status, f"{steps}: {error.splitlines()[0][:160]}", step=step or 0)
     if launched and alive:
-        return CellState(cell, "running", "starting")
+        return CellState(cell, "running", "starting", step=step or 0)
     if launched:
-        return CellState(cell, "failed", f"{steps}: the campaign stopped while it ran (see {LOG_FILE})")
-    return CellState(cell, "pending", steps if step else "")
+        return CellState(cell, "failed", f"{steps}: the campaign stopped while it ran (see {LOG_FILE})", step=step or 0)
+    return CellState(cell, "pending", steps if step else "", step=step or 0)
+
+
+def same_but_seed(cell: Cell) -> tuple[str, ...]:
+    """A cell's overrides but its seed: what the cells of one row (one configuration, several seeds) share."""
+    return tuple(override for override in cell.overrides if not override.startswith("seed="))
+
+
+def time_left(states: list[CellState], parallel: int) -> str | None:
+    """How long the cells still to run need, in words; None where none is left. A running cell at its own pace, every
+    other one at the wall time per step of the finished or committed runs of its row (its configuration on other
+    seeds: their evaluations and test included, on whichever machine ran them), ``parallel`` at a time."""
+    seconds_per_step: dict[tuple[str, ...], list[float]] = {}
+    for state in states:
+        record = results.read(state.record) if state.status in ("finished", "committed") and state.record else None
+        if record and record.wall_time_s and record.steps:
+            # At least its steps at its training pace: the records of runs resumed before their pieces' times were
+            # summed (lra.run.goes_on) hold their last piece's wall time only.
+            wall_time = max(record.wall_time_s, record.steps / record.steps_per_second if record.steps_per_second else 0)
+            seconds_per_step.setdefault(same_but_seed(state.cell), []).append(wall_time / record.steps)
+    left = [state for state in states if state.status not in DONE]
+    if not left:
+        return None
+    seconds, unknown = 0.0, 0
+    for state in left:
+        steps = max(0, state.cell.max_steps - state.step)
+        if state.pace:
+            seconds += steps / state.pace
+        elif rates := seconds_per_step.get(same_but_seed(state.cell)):
+            seconds += steps * statistics.mean(rates)
+        else:
+            unknown += 1
+    known = len(left) - unknown
+    text = "Left: "
+    if known:
+        text += (
+            f"about {duration_text(seconds / parallel)} for {plural(known, 'cell')}, {parallel} at a time (a running cell "
+            "at its pace, the others at the wall time per step of their row's finished runs)"
+        )
+    if unknown:
+        text += ("; and " if known else "") + f"{plural(unknown, 'cell')} of rows with no finished run yet, not estimated"
+    return text
 
 
 def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
@@ -164,6 +211,8 @@ def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
     width = max(len(s.cell.name) for s in states)
     for state in states:
         lines.append(f"  {state.status:<11} {state.cell.name:<{width}}  {state.detail}")
+    if (left := time_left(states, plan.parallel)) is not None:
+        lines.append(left)
     if all(state.status in DONE for state in states):
         lines.append(
             "Nothing left to run: every cell is finished, committed or diverged. To go on with more seeds, start the "

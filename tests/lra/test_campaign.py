@@ -175,6 +175,36 @@ def test_status_gives_a_running_cells_pace_from_its_latest_evaluations_not_the_h
     assert state.detail.startswith("step 5000/5000, val acc 0.2500 (pid ")
 
 
+def test_status_estimates_the_time_left_from_the_running_cells_pace_and_each_rows_finished_runs(tmp_path):
+    def cell(index: int, row: str, seed: int) -> Cell:
+        overrides = ["experiment=table3", f"attention={row}", f"seed={seed}"]
+        return Cell(index, f"listops / {row} / seed {seed}", overrides, str(tmp_path / f"{row}{seed}"), "h", "listops", 1000, 0)
+
+    def record(name: str, wall_time_s: float, steps_per_second: float) -> Path:
+        path = tmp_path / f"{name}.json"
+        RunRecord(status="finished", steps=1000, wall_time_s=wall_time_s, steps_per_second=steps_per_second).write(path)
+        return path
+
+    State = campaign.CellState
+    states = [
+        State(cell(0, "a", 0), "committed", "", record("a0", 3600, 0.5)),  # 3.6 s a step, evaluations included
+        State(cell(1, "a", 1), "finished", "", record("a1", 4400, 0.5)),  # 4.4 s: the row's mean is 4 s
+        State(cell(2, "a", 2), "interrupted", "", step=400),  # 600 steps at 4 s
+        State(cell(3, "b", 0), "committed", "", record("b0", 100, 0.25)),  # a last piece's 100 s: 1000 steps at 0.25/s
+        State(cell(4, "b", 1), "pending", ""),  # 1000 steps at 4 s
+        State(cell(5, "b", 2), "running", "", step=700, pace=0.5),  # 300 steps at its own 0.5 a second
+        State(cell(6, "c", 0), "diverged", "", step=300),
+        State(cell(7, "c", 1), "pending", ""),  # no finished run of its row
+    ]
+    expected = "about 1.9 h for 3 cells, 1 at a time"  # 2400 + 4000 + 600 s
+    assert campaign.state.time_left(states, parallel=1) == (
+        f"Left: {expected} (a running cell at its pace, the others at the wall time per step of their row's finished "
+        "runs); and 1 cell of rows with no finished run yet, not estimated"
+    )
+    assert campaign.state.time_left(states, parallel=2).startswith("Left: about 58 min for 3 cells, 2 at a time (")
+    assert campaign.state.time_left(states[:2] + states[6:7], parallel=1) is None
+
+
 @pytest.fixture
 def environment(tmp_path):
     def env(root: Path) -> dict[str, str]:
