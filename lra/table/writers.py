@@ -183,7 +183,7 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
     seeds = sorted(section.cells["num_seeds"].unique())
     sizes = section.cells["num_test"].explode().groupby(level="task").agg(lambda n: sorted(set(n.dropna().astype(int))))
     lines.append(
-        f"Seeds per cell: {', '.join(map(str, seeds))}. Test samples: "
+        f"Seeds per cell: {seeds_words(section)}. Test samples: "
         + "; ".join(
             f"{TASK_LABELS.get(task, task)} {', '.join(map(str, n)) or NOT_RECORDED}"
             for task, n in sizes.reindex([t for t in section.tasks if t in sizes.index]).items()
@@ -207,6 +207,27 @@ def describe_section(section: Section, speed: bool = False) -> list[str]:
             "as of the attention."
         )
     return lines
+
+
+def seeds_words(section: Section) -> str:
+    """How many seeds the section's cells pool: the most common count, and which cells pool another (``1, and 2 for
+    ListOps's nystromformer and *yoso-C-16``), so that a reader knows which ± holds the seeds' spread."""
+    counts = section.cells["num_seeds"].astype(int)
+    usual = max(counts.mode())
+    others = []
+    for count in sorted(set(counts) - {usual}):
+        cells = []
+        for task in section.tasks:
+            labels = [row_label(row, section.published) for row in section.rows if counts.get((row, task)) == count]
+            if labels:
+                cells.append(f"{TASK_LABELS.get(task, task)}'s {in_words(labels)}")
+        others.append(f"{count} for {', '.join(cells)}")
+    return ", and ".join([str(usual), *others])
+
+
+def in_words(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def legend(table: Table) -> list[str]:

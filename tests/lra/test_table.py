@@ -178,6 +178,24 @@ def test_one_seed_shows_the_binomial_standard_error_of_its_test_samples():
     assert "Test samples: ListOps 1000." in text and "A cell of one seed: its ± is the sampling error" in text
 
 
+def test_the_cells_that_pool_another_count_of_seeds_than_most_are_named():
+    """A paper section filling up seed by seed: which cells' ± hold their seeds' spread, and which a test set's alone."""
+    records = [
+        *(
+            record(row, "listops", 0, 0.34)
+            for row in ("softmax", "linformer", "none", "nystromformer", "yoso_star_c_16", "yoso_32")
+        ),
+        *(record(row, "listops", 1, 0.30) for row in ("nystromformer", "yoso_star_c_16")),
+    ]
+    text = table.markdown(table.build(records), "test records")
+    assert "Seeds per cell: 1, and 2 for ListOps's nystromformer and *yoso-C-16. Test samples: ListOps 1000." in text
+    three = [*records, *(record("yoso_32", "listops", seed, 0.3) for seed in (1, 2))]
+    text = table.markdown(table.build(three), "test records")
+    assert "Seeds per cell: 1, and 2 for ListOps's nystromformer and *yoso-C-16, and 3 for ListOps's yoso-32. " in text
+    uniform = table.markdown(table.build([record("softmax", "listops", seed, 0.3) for seed in (0, 1)]), "test records")
+    assert "Seeds per cell: 2. Test samples" in uniform
+
+
 def test_best_is_bold_only_beyond_the_noise():
     chance = [record("yoso_c_16", "pathfinder", 0, 0.511, hparams={}), record("none", "pathfinder", 0, 0.508, hparams={})]
     result = table.build(chance)
