@@ -5,10 +5,10 @@ One finder for every command that asks: a run about to train is skipped for one 
 names it (:mod:`lra.sweep`), a campaign plans and reports its cells by it (:mod:`lra.campaign`), and the table reads
 the same files (:mod:`lra.table.records`). A record is a result only where it agrees with its run
 (:func:`record_problem`): it is finished, its stored ``config_hash`` is the hash recomputed from the configuration it
-holds (a stored hash is a claim), its losses are finite, and its test accuracy is the one its curve (the run's
-``metrics.csv``) logged, where the curve is there. :func:`commit` is the one way a record becomes a committed run
-(``lra.table --collect`` and ``lra.campaign unpack``): never over a newer record of its configuration, and two that
-disagree are a conflict, not a silent pick.
+holds (a stored hash is a claim), its losses are finite, its test accuracy is the one its curve (the run's
+``metrics.csv``) logged, where the curve is there, and the one its per-sample results (``test_correct``) count, where
+it has them. :func:`commit` is the one way a record becomes a committed run (``lra.table --collect`` and ``lra.campaign
+unpack``): never over a newer record of its configuration, and two that disagree are a conflict, not a silent pick.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def record_problem(record: RunRecord, curve: bytes | None = None, older_ok: bool
     )
     if non_finite:
         return f"its {', '.join(f'{key} ({value})' for key, value in sorted(non_finite.items()))} is not finite: no result"
+    if record.test_correct is not None and (problem := test_correct_problem(record)):
+        return problem
     if curve is None:
         return None
     accuracy, losses = logged(curve)
@@ -94,6 +96,22 @@ def record_problem(record: RunRecord, curve: bytes | None = None, older_ok: bool
         return (
             f"its test accuracy {record.test_acc} is not the one its run logged in its metrics.csv ({accuracy}): it was "
             "edited or belongs to another run"
+        )
+    return None
+
+
+def test_correct_problem(record: RunRecord) -> str | None:
+    """Why ``record``'s ``test_correct`` (which test samples it classified correctly) is not its test's, in words; None
+    where it is: one "0" or "1" per test sample, as many "1"s as its test accuracy counts."""
+    correct, num_test = record.test_correct, (record.num_samples or {}).get("test")
+    if not isinstance(correct, str) or set(correct) - {"0", "1"}:
+        return "its test_correct is not a string of 0s and 1s (one per test sample): it was edited"
+    if not correct or len(correct) != num_test:
+        return f"its test_correct has {len(correct)} samples, its test set {num_test}: it was edited or belongs to another run"
+    if record.test_acc is None or abs(correct.count("1") / len(correct) - record.test_acc) > TEST_ACC_TOLERANCE:
+        return (
+            f"its test_correct counts {correct.count('1')} of {len(correct)} samples correct, its test accuracy is "
+            f"{record.test_acc}: it was edited or belongs to another run"
         )
     return None
 

@@ -244,7 +244,10 @@ def fit_and_test(
         return {}
     with without_known_warnings():
         test_metrics = tester.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    return {**tested_run_keys(cfg, datamodule, device, compile_with, trained, test_metrics), "compile_mode": mode}
+    tested = {**tested_run_keys(cfg, datamodule, device, compile_with, trained, test_metrics), "compile_mode": mode}
+    if (correct := module.test_correct()) is not None:  # a classifier's test: which samples it classified correctly
+        tested["test_correct"] = correct
+    return tested
 
 
 def tested_run_keys(

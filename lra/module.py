@@ -124,6 +124,10 @@ class LRAModule(pl.LightningModule):
         # With skip_non_finite_steps: the steps skipped so far (kept in checkpoints) and the loss of the step under way.
         self.skipped_steps = 0
         self._step_loss: torch.Tensor | None = None
+        self._test_correct: list[torch.Tensor] = []  # per test batch, where records_test_samples: (b,) bools
+
+    # Whether a test notes which samples the model classified correctly (test_correct): a classifier's, one label a sample.
+    records_test_samples = False
 
     # Set by compile_model when the steps replay CUDA graphs: each step then marks its start for them.
     marks_cuda_graph_steps = False
@@ -199,7 +203,16 @@ class LRAModule(pl.LightningModule):
             torch.compiler.cudagraph_mark_step_begin()
         loss, logits, targets = self.evaluation_outputs(batch)
         getattr(self, f"{split}_acc").update(logits, targets)
+        if split == "test" and self.records_test_samples:
+            self._test_correct.append(logits.argmax(-1) == targets)  # (b,): the accuracy's argmax, kept on the device
         return loss
+
+    def test_correct(self) -> str | None:
+        """Which samples the latest test classified correctly, in the test set's order: ``"1"`` correct, ``"0"`` not
+        (the run record's ``test_correct``); None for a module whose test does not note them."""
+        if not self.records_test_samples or not self._test_correct:
+            return None
+        return "".join("1" if correct else "0" for correct in torch.cat(self._test_correct).tolist())
 
     def training_step(self, batch, batch_idx):
         loss, accuracy = self.training_loss(batch)
@@ -274,6 +287,9 @@ class LRAModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self.check_evaluation("val")
 
+    def on_test_epoch_start(self) -> None:
+        self._test_correct = []
+
     def on_test_epoch_end(self) -> None:
         self.check_evaluation("test")
 
@@ -298,6 +314,8 @@ class LRAModule(pl.LightningModule):
 
 class LRAClassificationModule(LRAModule):
     """Cross-entropy training of the task's classifier (:func:`lra.model.build_classifier`), with accuracy."""
+
+    records_test_samples = True
 
     def __init__(self, task: str, seq_len: int, model: dict[str, Any], attention: dict[str, Any], **optimisation: Any):
         super().__init__(task, seq_len, model, attention, **optimisation)

@@ -237,6 +237,9 @@ class RunRecord:
     best_val_step: int | None = None
     test_acc: float | None = None
     test_loss: float | None = None
+    # Which test samples the best checkpoint classified correctly, in the test set's order: "1" correct, "0" not. Two
+    # runs tested on one test set are compared sample by sample (lra.table's paired errors). A classifier's run only.
+    test_correct: str | None = None
     best_checkpoint: str | None = None
     peak_memory_mb: float | None = None
     peak_memory_kind: str | None = None

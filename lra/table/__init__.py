@@ -24,7 +24,7 @@ from .. import config
 from ..paper import TABLE3, TABLES
 from ..results import RESULTS_FILE
 from . import curves
-from .cells import LISTOPS_SPLIT, TASKS, agreement, cell_frame, frame, on_papers_side, spearman
+from .cells import LISTOPS_SPLIT, TASKS, agreement, cell_frame, difference_error, frame, on_papers_side, spearman
 from .curves import find_curves
 from .records import check_hashes, collect, find_record_files, find_records, run_file_name
 from .sections import ALL_ROWS, PAPER_ROWS, Section, Table, build, declared_protocol, evidence_first, paper_setup
@@ -48,6 +48,7 @@ __all__ = [
     "curves",
     "collect",
     "declared_protocol",
+    "difference_error",
     "evidence_first",
     "figure",
     "find_curves",

@@ -107,6 +107,9 @@ def frame(records: list[RunRecord]) -> pd.DataFrame:
                 "data_source": (record.data_source or NOT_RECORDED) if finished else None,
                 "accuracy": 100 * record.test_acc if finished else math.nan,
                 "num_test": (record.num_samples or {}).get("test") if finished else None,
+                "test_correct": record.test_correct if finished else None,
+                # Which test set it was tested on: runs of one task, data source and data settings share theirs.
+                "test_set": json.dumps([record.task, record.data_source, config.get("data")], sort_keys=True),
                 "steps_per_s": record.steps_per_second if finished else None,
                 "peak_memory_mb": record.peak_memory_mb if finished else None,
                 "others_load_per_cpu": others_load_per_cpu(record.machine_load) if finished else None,
@@ -151,15 +154,44 @@ def what_differs(configs: pd.DataFrame, groups: list[pd.Series]) -> pd.Series:
     return differing.apply(lambda run: ", ".join(f"{key}={json.loads(value)}" for key, value in run.dropna().items()), axis=1)
 
 
+def per_sample(test_correct: pd.Series) -> np.ndarray | None:
+    """Each test sample's accuracy over a cell's runs (their records' ``test_correct``, one string of 0s and 1s each),
+    in the test set's order; None where a run did not record it (one written before runs did) or two runs' test sets
+    differ in size."""
+    if test_correct.isna().any() or test_correct.str.len().nunique() != 1:
+        return None
+    return np.mean([np.frombuffer(correct.encode(), dtype=np.uint8) - ord("0") for correct in test_correct], axis=0)
+
+
+def difference_error(first: pd.Series, second: pd.Series) -> tuple[float, bool]:
+    """The standard error of the difference of two cells' means (:func:`cell_frame`'s cells), and whether it is paired.
+
+    Its parts, in quadrature: each cell's seeds' spread, and the sampling error of the test set. Two cells tested on one
+    test set whose runs all recorded which samples they classified correctly are paired on it: that error is the
+    spread of the per-sample differences, sqrt(var(d) / n) with d the n samples' accuracies of one cell minus the
+    other's (the two binomial errors combined, less twice their covariance: far less where the two cells predict
+    alike, as one model does on two devices). Otherwise it is the two cells' binomial errors combined, as if their test
+    sets were independent draws.
+    """
+    seeds = np.hypot(first["seed_error"], second["seed_error"])
+    a, b = first["per_sample"], second["per_sample"]
+    one_test_set = len(first["test_sets"]) == 1 and first["test_sets"] == second["test_sets"]
+    paired = a is not None and b is not None and len(a) == len(b) and one_test_set
+    test = 100 * np.sqrt((b - a).var() / len(a)) if paired else np.hypot(first["test_error"], second["test_error"])
+    return float(np.hypot(seeds, test)), paired
+
+
 def best_rows(cells: pd.DataFrame) -> pd.Series:
     """True for the row of a section and task whose mean beats the next row's by more than BEST_MARGIN standard
-    errors of their difference (so at most one per task, and none among rows within the noise)."""
-    ranked = cells.sort_values("mean", ascending=False, kind="stable")
-    by_task = ranked.groupby(level=["section", "task"])
-    runner_up = by_task[["mean", "standard_error"]].shift(-1)
-    noise = np.hypot(ranked["standard_error"], runner_up["standard_error"])
-    best = (by_task.cumcount() == 0) & (ranked["mean"] - runner_up["mean"] > BEST_MARGIN * noise)
-    return best.reindex(cells.index)
+    errors of their difference (:func:`difference_error`; so at most one per task, and none among rows within the
+    noise)."""
+    best = pd.Series(False, index=cells.index)
+    for _, task in cells.groupby(level=["section", "task"]):
+        ranked = task.sort_values("mean", ascending=False, kind="stable")
+        if len(ranked) >= 2:
+            top, runner_up = ranked.iloc[0], ranked.iloc[1]
+            best[top.name] = top["mean"] - runner_up["mean"] > BEST_MARGIN * difference_error(runner_up, top)[0]
+    return best
 
 
 def on_papers_side(cells: pd.DataFrame) -> pd.Series:
@@ -174,8 +206,10 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
     the paper's number, whether the cell is its task's best and (ListOps) on the paper's side.
 
     The mean is the test accuracy (%) over the cell's seeds. Its standard error has two parts: the seeds' spread,
-    std / sqrt(k) where it has k >= 2 seeds, and the sampling error of the test set the seeds share, the binomial
-    sqrt(p (1 - p) / n) of the mean on its n test samples, which averaging seeds does not reduce; in quadrature. The
+    std / sqrt(k) where it has k >= 2 seeds (``seed_error``), and the sampling error of the test set the seeds share,
+    the binomial sqrt(p (1 - p) / n) of the mean on its n test samples, which averaging seeds does not reduce
+    (``test_error``); in quadrature. ``per_sample``: each test sample's accuracy over the seeds, where every run of the
+    cell recorded which samples it classified correctly (:func:`difference_error` pairs two cells by it). The
     paper's number is the one of the paper's row as the cell's preset defines it (:meth:`lra.paper.PaperTable.number`),
     NaN for a row the paper does not have or a changed one.
     """
@@ -194,11 +228,13 @@ def cell_frame(runs: pd.DataFrame, published: PaperTable) -> pd.DataFrame:
         compiled=("compiled", lambda compiled: bool(compiled.fillna(False).any())),
         devices=("device", lambda devices: " + ".join(sorted(set(devices)))),
         config_hashes=("config_hash", list),
+        test_sets=("test_set", lambda test_sets: sorted(set(test_sets))),
+        per_sample=("test_correct", per_sample),
     )
     p, n = cells["mean"] / 100, pd.to_numeric(cells["num_test"].str[0], errors="coerce")
-    binomial = 100 * np.sqrt(p * (1 - p) / n)
-    seeds = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, 0.0)
-    cells["standard_error"] = np.hypot(seeds, binomial)
+    cells["test_error"] = 100 * np.sqrt(p * (1 - p) / n)
+    cells["seed_error"] = (cells["std"] / np.sqrt(cells["num_seeds"])).where(cells["num_seeds"] > 1, 0.0)
+    cells["standard_error"] = np.hypot(cells["seed_error"], cells["test_error"])
     cells["generated"] = cells["data_source"].str.contains("generated")
     labels, tasks = cells.index.get_level_values("label"), cells.index.get_level_values("task")
     cells["paper"] = [published.number(label, task) for label, task in zip(labels, tasks)]
@@ -234,11 +270,14 @@ def agreement(cells: pd.DataFrame) -> pd.DataFrame:
 def compared_cells(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """The cells of one row and task in both ``first`` and ``second`` (two sections' cells, indexed by (row label,
     task)), side by side: each one's mean, standard error and devices, the difference (second - first), its standard
-    error (the two combined: independent runs) and whether they agree, within :data:`AGREE_MARGIN` of it."""
+    error (:func:`difference_error`, and whether it is ``paired`` on the test set) and whether they agree, within
+    :data:`AGREE_MARGIN` of it."""
     both = first.index.intersection(second.index)
     columns = ["mean", "standard_error", "devices", "num_seeds"]
     pairs = first.loc[both, columns].add_suffix("_first").join(second.loc[both, columns].add_suffix("_second"))
     pairs["difference"] = pairs["mean_second"] - pairs["mean_first"]
-    pairs["difference_error"] = np.hypot(pairs["standard_error_first"], pairs["standard_error_second"])
+    errors = [difference_error(first.loc[cell], second.loc[cell]) for cell in both]
+    pairs["difference_error"] = [error for error, _ in errors]
+    pairs["paired"] = [paired for _, paired in errors]
     pairs["agree"] = pairs["difference"].abs() <= AGREE_MARGIN * pairs["difference_error"]
     return pairs

@@ -260,7 +260,8 @@ def legend(table: Table) -> list[str]:
         "best-validation checkpoint ± its standard error: the binomial error √(p(1 − p)/n) of the mean on its n test "
         "samples, which its seeds share, and where a cell has k ≥ 2 seeds their spread std / √k, in quadrature. "
         "Bold: the best of a task where it beats the next row by more than twice the standard error of the "
-        "difference. † = generated data (the official "
+        "difference (paired on the test set where every run of both recorded which samples it classified correctly: "
+        "the spread of the per-sample differences in place of the two binomial errors). † = generated data (the official "
         "generators' algorithms, not the LRA release). A cell pools only runs whose whole configuration is equal but "
         f"for the seed. The paper column is {published.source}, under {published.protocol_words}, marked ‡ where "
         "the section's protocol is not the paper's: there it is a reference for the ranking, not a target. Under the "
@@ -336,8 +337,11 @@ def precision_pair_lines(pair: PrecisionPair) -> list[str]:
         *textwrap.wrap(
             f"One protocol in two precisions ({precision_words(first.precision)} and {second.precision}): where both "
             "have a cell, the "
-            f"difference of the means (the second's minus the first's) and its standard error (the two cells' errors "
-            f"combined). They agree where the difference is within {AGREE_MARGIN:g} standard errors of it. "
+            f"difference of the means (the second's minus the first's) and its standard error: the two cells' errors "
+            "combined, or, marked paired where every run of both recorded which test samples it classified correctly, "
+            "their seeds' spreads and the spread of the per-sample differences on the test set they share (smaller "
+            "where the two predict alike, as one model on two devices should). They agree where the difference is "
+            f"within {AGREE_MARGIN:g} standard errors of it. "
             f"{sum(pair.cells['agree'])} of {len(pair.cells)} agree.",
             105,
             break_on_hyphens=False,
@@ -352,8 +356,8 @@ def precision_pair_lines(pair: PrecisionPair) -> list[str]:
             f"| {cell['mean_first']:.2f} ± {cell['standard_error_first']:.2f} ({cell['num_seeds_first']}) "
             f"| {cell['devices_first']} "
             f"| {cell['mean_second']:.2f} ± {cell['standard_error_second']:.2f} ({cell['num_seeds_second']}) "
-            f"| {cell['devices_second']} | {cell['difference']:+.2f} ± {cell['difference_error']:.2f} "
-            f"| {'yes' if cell['agree'] else 'no'} |"
+            f"| {cell['devices_second']} | {cell['difference']:+.2f} ± {cell['difference_error']:.2f}"
+            f"{' paired' if cell['paired'] else ''} | {'yes' if cell['agree'] else 'no'} |"
         )
     return lines
 

@@ -206,6 +206,61 @@ def test_best_is_bold_only_beyond_the_noise():
     assert "| softmax | **37.00 ± 1.53**† | 37.10 |" in table.markdown(result, "test records")
 
 
+def correct_on(samples, num_test=1000):
+    """A record's ``test_correct``: "1" on ``samples`` (indices of the test set), "0" elsewhere."""
+    chosen = set(samples)
+    return "".join("1" if i in chosen else "0" for i in range(num_test))
+
+
+def test_rows_that_predict_alike_are_told_apart_by_the_paired_error_of_their_difference():
+    """Two rows tested on one test set, the weaker right on a subset of the stronger's samples: 37.0 and 34.0 are
+    within twice the two binomial errors combined (2.14), not within twice the paired error (0.54), which is the spread
+    of the 1000 per-sample differences (30 of them 1, the others 0). A row whose run did not record its samples (a
+    record of before runs did) is compared as before."""
+    stronger = record("softmax", "listops", 0, 0.37, test_correct=correct_on(range(370)))
+    weaker = record("none", "listops", 0, 0.34, hparams={}, test_correct=correct_on(range(340)))
+    result = table.build([stronger, weaker])
+    cells = result.sections[0].cells
+    error, paired = table.difference_error(cells.loc[("none", "listops")], cells.loc[("softmax", "listops")])
+    differences = np.array([1.0] * 30 + [0.0] * 970)
+    assert paired and error == pytest.approx(100 * np.sqrt(differences.var() / 1000))
+    assert result.sections[0].best("listops") == "softmax"
+    assert "(paired on the test set where every run of both recorded" in table.markdown(result, "test records")
+    unrecorded = record("none", "listops", 0, 0.34, hparams={})
+    result = table.build([stronger, unrecorded])
+    cells = result.sections[0].cells
+    error, paired = table.difference_error(cells.loc[("none", "listops")], cells.loc[("softmax", "listops")])
+    assert not paired and error == pytest.approx(100 * np.hypot(np.sqrt(0.37 * 0.63 / 1000), np.sqrt(0.34 * 0.66 / 1000)))
+    assert result.sections[0].best("listops") is None
+
+
+def test_a_paired_error_pools_each_samples_accuracy_over_the_seeds_and_keeps_their_spread():
+    """Two seeds a cell: the per-sample differences are of the samples' accuracies over each cell's seeds, and each
+    cell's seeds' spread (std / sqrt(2)) is added in quadrature, as in its own standard error."""
+    a = [record("softmax", "listops", seed, acc, test_correct=correct_on(range(first, first + int(acc * 1000))))
+         for seed, acc, first in ((0, 0.37, 0), (1, 0.35, 10))]  # fmt: skip
+    b = [record("none", "listops", seed, 0.30, hparams={}, test_correct=correct_on(range(first, first + 300)))
+         for seed, first in ((0, 5), (1, 40))]  # fmt: skip
+    cells = table.build([*a, *b]).sections[0].cells
+    error, paired = table.difference_error(cells.loc[("none", "listops")], cells.loc[("softmax", "listops")])
+    per_sample = [np.mean([[float(c) for c in r.test_correct] for r in runs], axis=0) for runs in (a, b)]
+    spread = [np.std([100 * r.test_acc for r in runs], ddof=1) / np.sqrt(2) for runs in (a, b)]
+    test_error = 100 * np.sqrt((per_sample[0] - per_sample[1]).var() / 1000)
+    assert paired and error == pytest.approx(np.sqrt(test_error**2 + spread[0] ** 2 + spread[1] ** 2))
+
+
+def test_a_record_whose_per_sample_results_are_not_its_test_accuracys_is_listed_never_a_cell():
+    """``test_correct`` is a claim like ``test_acc``: its count must be the accuracy, its length the test set's."""
+    for forged, problem in (
+        (correct_on(range(360)), "its test_correct counts 360 of 1000 samples correct, its test accuracy is 0.37"),
+        (correct_on(range(370), num_test=999), "its test_correct has 999 samples, its test set 1000"),
+        (correct_on(range(370)).replace("0", "x", 1), "its test_correct is not a string of 0s and 1s"),
+    ):
+        result = table.build([record("softmax", "listops", 0, 0.37, test_correct=forged)])
+        assert not result.sections
+        assert problem in table.markdown(result, "test records")
+
+
 def paper_record(row, task, seed, acc, **changes):
     protocol, model = table.paper_setup(task)
     return record(row, task, seed, acc, source="lra_release", protocol={**protocol, **changes}, model=model)
@@ -832,6 +887,33 @@ def test_one_protocol_in_two_precisions_is_compared_row_by_row_within_the_noise(
     # Another protocol's sections, or one precision alone, are no pair.
     assert not table.build([*records[:3], record("softmax", "listops", 0, 0.3, precision="bf16-mixed")]).precision_pairs
     assert "against" not in table.markdown(table.build(records[:3]), "test records")
+
+
+def test_one_model_on_two_devices_is_compared_sample_by_sample_where_its_runs_recorded_their_samples():
+    """A bf16 run right on 15 fewer of the same 1000 test samples than the float32 run: -1.50 is within twice the two
+    binomial errors combined (2 x 2.16) but not within twice the paired error (2 x 0.38); three samples changed each
+    way are within it."""
+    protocol, model = table.paper_setup("listops")
+
+    def run(row, acc, precision, samples):
+        hparams = {} if row == "none" else None
+        return record(row, "listops", 0, acc, protocol=protocol, model=model, precision=precision, hparams=hparams,
+                      test_correct=correct_on(samples))  # fmt: skip
+
+    records = [
+        run("softmax", 0.37, "32-true", range(370)),
+        run("softmax", 0.355, "bf16-mixed", range(15, 370)),
+        run("none", 0.19, "32-true", range(190)),
+        run("none", 0.19, "bf16-mixed", [*range(3, 190), 500, 501, 502]),
+    ]
+    (pair,) = table.build(records).precision_pairs
+    softmax, none = pair.cells.loc[("softmax", "listops")], pair.cells.loc[("none", "listops")]
+    assert softmax["paired"] and softmax["difference"] == pytest.approx(-1.5)
+    assert softmax["difference_error"] == pytest.approx(100 * np.sqrt(0.015 * 0.985 / 1000)) and not softmax["agree"]
+    assert np.hypot(softmax["standard_error_first"], softmax["standard_error_second"]) > 1.5 / 2, "independent: agree"
+    assert none["paired"] and none["difference_error"] == pytest.approx(100 * np.sqrt(0.006 / 1000)) and none["agree"]
+    text = table.markdown(table.build(records), "test records")
+    assert "| -1.50 ± 0.38 paired | no |" in text and "1 of 2 agree." in text
 
 
 def curve_csv(path, points, test_acc):

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tiny_listops import TINY
 
 from lra import config, run_lock
 from lra.campaign.state import evaluation_times
@@ -74,6 +75,28 @@ def test_a_tiny_run_writes_results_and_a_rerun_is_skipped(tmp_path, run_train):
     assert "Skipping" in second.stdout + second.stderr
     assert "Generating ListOps" not in second.stdout + second.stderr
     assert json.loads(path.read_text()) == record
+
+
+@pytest.mark.slow
+def test_a_run_records_which_test_samples_its_best_checkpoint_classified_correctly(tmp_path, run_train, monkeypatch):
+    """``test_correct``: the best checkpoint's own predictions on the test set, in its order, as many right as its
+    test accuracy counts (lra.table pairs two rows' errors by it)."""
+    from lra.datamodule import LRADataModule
+    from lra.module import LRAClassificationModule
+
+    run_train()
+    (path,) = results_files(tmp_path)
+    record = json.loads(path.read_text())
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    cfg = config.compose(list(TINY))
+    datamodule = LRADataModule("listops", cfg.task.seq_len, OmegaConf.to_container(cfg.task.data, resolve=True), 16)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    model = LRAClassificationModule.load_from_checkpoint(record["best_checkpoint"]).eval()
+    with torch.no_grad():
+        predicted = [model(input_ids=batch["input_ids"]).argmax(-1) == batch["label"] for batch in datamodule.test_dataloader()]
+    assert record["test_correct"] == "".join("1" if right else "0" for right in torch.cat(predicted).tolist())
+    assert len(record["test_correct"]) == 24 and record["test_correct"].count("1") == round(record["test_acc"] * 24)
 
 
 @pytest.mark.slow
