@@ -232,6 +232,13 @@ def test_rows_that_predict_alike_are_told_apart_by_the_paired_error_of_their_dif
     error, paired = table.difference_error(cells.loc[("none", "listops")], cells.loc[("softmax", "listops")])
     assert not paired and error == pytest.approx(100 * np.hypot(np.sqrt(0.37 * 0.63 / 1000), np.sqrt(0.34 * 0.66 / 1000)))
     assert result.sections[0].best("listops") is None
+    # Another test set (the LRA release's where the other row's was generated): its sample i is another sequence.
+    released = record("none", "listops", 0, 0.34, hparams={}, source="release", test_correct=correct_on(range(340)))
+    result = table.build([stronger, released])
+    (section,) = result.sections
+    cells = section.cells
+    assert not table.difference_error(cells.loc[("none", "listops")], cells.loc[("softmax", "listops")])[1]
+    assert section.best("listops") is None
 
 
 def test_a_paired_error_pools_each_samples_accuracy_over_the_seeds_and_keeps_their_spread():
