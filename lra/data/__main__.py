@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import cache
 from .download import BASE_URL_ENV, DownloadError, download_tasks, human_bytes
 from .tasks import TASKS, prepare_task
@@ -98,9 +100,11 @@ def info(args: argparse.Namespace) -> None:
         return
     problems = 0
     for folder, manifest, problem in found:
-        if manifest is not None and args.verify:
+        if manifest is not None and not problem:
             try:
-                cache.verify(folder, manifest, checksums=True)
+                if args.verify:
+                    cache.verify(folder, manifest, checksums=True)
+                majority = majority_classes(folder)  # reads the labels: a corrupt label file is named here
             except cache.CacheError as error:
                 problem = str(error)
         if problem:
@@ -123,10 +127,22 @@ def info(args: argparse.Namespace) -> None:
             print(f"    verified: {record['verified']}")
         for note, value in manifest.get("notes", {}).items():
             print(f"  {note}: {value}")
+        print(f"  majority class: {majority} (the accuracy of always answering it)")
         if args.verify:
             print("  checksums: ok")
     if problems:
         sys.exit(1)
+
+
+def majority_classes(folder: Path) -> str:
+    """Each split's most common label and its share of the split, ``train 0 (16.93%), ...``: what a model that always
+    answers it scores, the floor a model "at the majority class" sits on."""
+    splits, _ = cache.load(folder)
+    shares = []
+    for name, split in splits.items():
+        labels, counts = np.unique(split.labels, return_counts=True)
+        shares.append(f"{name} {labels[counts.argmax()]} ({100 * counts.max() / counts.sum():.2f}%)")
+    return ", ".join(shares)
 
 
 def generate_listops(args: argparse.Namespace) -> None:
@@ -186,7 +202,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="prepare again even if the cache is current")
     p.set_defaults(run=prepare)
 
-    p = commands.add_parser("info", help="list what is prepared")
+    p = commands.add_parser("info", help="list what is prepared, with each split's majority class")
     p.add_argument("--cache", type=Path, help="cache folder (default: data/cache or $LRA_DATA_DIR/cache)")
     p.add_argument("--verify", action="store_true", help="re-hash every file against its manifest")
     p.set_defaults(run=info)

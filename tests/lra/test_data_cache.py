@@ -207,11 +207,19 @@ def test_cli_generate_prepare_and_info(tmp_path):
 
     listing = run_data_cli("info", "--verify", cwd=tmp_path).stdout
     assert "listops (official), max_length 40, train 30 / val 4 / test 5" in listing and "checksums: ok" in listing
+    shares = []
+    for split in listops.SPLITS:
+        labels = list(listops.read_split(out, split, 40)[1])
+        top = max(sorted(set(labels)), key=labels.count)  # the smallest label among the most common, as np.unique's argmax
+        shares.append(f"{split} {top} ({100 * labels.count(top) / len(labels):.2f}%)")
+    assert f"  majority class: {', '.join(shares)} (the accuracy of always answering it)" in listing
     (folder,) = (p for p in (tmp_path / "data" / "cache" / "listops").iterdir() if p.is_dir())  # beside it: its lock
     manifest = json.loads((folder / cache.MANIFEST).read_text())
     (folder / manifest["splits"]["val"]["files"]["input_ids"]["file"]).write_bytes(b"\x93NUMPY garbage")
     broken = run_data_cli("info", "--verify", cwd=tmp_path, check=False)
     assert broken.returncode == 1 and "CORRUPT" in broken.stdout and "val.input_ids.npy" in broken.stdout
+    unverified = run_data_cli("info", cwd=tmp_path, check=False)  # the labels' reading opens the split's arrays
+    assert unverified.returncode == 1 and "CORRUPT" in unverified.stdout and "val.input_ids.npy" in unverified.stdout
 
 
 def test_cli_prepare_names_a_missing_source(tmp_path):
