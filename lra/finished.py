@@ -85,7 +85,7 @@ def record_problem(record: RunRecord, curve: bytes | None = None, older_ok: bool
     )
     if non_finite:
         return f"its {', '.join(f'{key} ({value})' for key, value in sorted(non_finite.items()))} is not finite: no result"
-    if record.test_correct is not None and (problem := test_correct_problem(record)):
+    if record.test_correct is not None and (problem := per_sample_problem(record)):
         return problem
     if curve is None:
         return None
@@ -100,7 +100,7 @@ def record_problem(record: RunRecord, curve: bytes | None = None, older_ok: bool
     return None
 
 
-def test_correct_problem(record: RunRecord) -> str | None:
+def per_sample_problem(record: RunRecord) -> str | None:
     """Why ``record``'s ``test_correct`` (which test samples it classified correctly) is not its test's, in words; None
     where it is: one "0" or "1" per test sample, as many "1"s as its test accuracy counts."""
     correct, num_test = record.test_correct, (record.num_samples or {}).get("test")

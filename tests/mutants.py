@@ -626,7 +626,7 @@ MUTANTS = [
         "record_test_correct_unchecked",
         "lra/finished.py",
         "a record's per-sample test results are not checked against its test accuracy and test set",
-        "if record.test_correct is not None and (problem := test_correct_problem(record)):",
+        "if record.test_correct is not None and (problem := per_sample_problem(record)):",
         "if False:",
         TABLE,
     ),
