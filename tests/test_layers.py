@@ -30,7 +30,7 @@ LAYERS = [  # bottom first; a module's layer is the first whose prefix names it 
     ("table", ("lra.table",)),
     ("campaign", ("lra.campaign",)),
     ("bench", ("lra.bench",)),
-    ("commands", ("lra.train", "lra.data.__main__", "lra", "lra.data")),  # entry points and package docstrings
+    ("commands", ("lra.train", "lra.evaluate", "lra.data.__main__", "lra", "lra.data")),  # entry points and package docstrings
 ]
 
 

@@ -33,12 +33,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "lra"))
 from tiny_listops import TINY  # noqa: E402
 
+from lra.config import run_name  # noqa: E402
+
 TINY_DATA = [
     o
     for o in TINY
     if not o.startswith(("task.protocol.max_steps", "task.protocol.warmup_steps", "task.protocol.val_check_interval"))
 ]
 CFG_JOB = ("--cfg", "job")
+# The folder the quick start's tiny form runs in (the docs name the plain form's, outputs/listops/softmax/default):
+# Hydra's override dirname, the overrides sorted without the trainer's (lra/conf/config.yaml's exclude_keys).
+QUICK_START_FOLDER = "outputs/listops/softmax/" + run_name(",".join(sorted(o for o in TINY if not o.startswith("trainer."))))
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,11 @@ RULES = [
         why="needs the spt_short runs (tests/lra/test_table.py makes results/spt.* from the committed records): its help",
     ),
     Rule(r"^python -m lra\.table", why="the table of the runs made before it"),
+    Rule(
+        r"^python -m lra\.evaluate outputs/listops/softmax/default ",
+        substitute=(("outputs/listops/softmax/default", QUICK_START_FOLDER),),
+        why="the quick start's run, in the folder its tiny form ran in",
+    ),
     Rule(
         r"^python -m lra\.bench kernels",
         append=(

@@ -1,0 +1,201 @@
+"""Test a run's checkpoint again, on any split: ``python -m lra.evaluate RUN_FOLDER``.
+
+    python -m lra.evaluate outputs/listops/none/experiment=table3,seed=1
+    python -m lra.evaluate RUN_FOLDER --checkpoint last --split val --answers answers.csv
+
+``RUN_FOLDER`` is a classification run's output folder (``lra.train``'s, with its ``results.json``, its Hydra
+configuration in ``.hydra/`` and its ``checkpoints/``). The checkpoint (by default the best-validation one the run
+tested) is read as the run reads its own: its recorded digest checked and its run identity matched
+(:mod:`lra.checkpoints`). Its predictions on the whole split, in the split's order, are counted against the labels:
+the accuracy with its binomial standard error (beside the run's recorded test accuracy), which answers the model
+gives how often, and the labels' own counts, so that a model answering one class is seen as such. ``--answers``
+writes each sample's label and answer as CSV.
+
+It evaluates in float32, on the GPU where there is one. A run trained in bf16 tested in bf16, so a few of its answers
+may differ here; the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from . import checkpoints, config
+from .datamodule import LRADataModule
+from .module import LRAClassificationModule
+from .results import FLOAT32, PRETRAINING, RunRecord
+
+SPLITS = ("test", "val", "train")
+RECORD, CONFIG, CHECKPOINTS = "results.json", Path(".hydra") / "config.yaml", "checkpoints"
+
+
+class CannotEvaluate(ValueError):
+    """A run folder or checkpoint that cannot be evaluated, in one message naming what is wrong and what to do."""
+
+
+@dataclass
+class Evaluation:
+    """A checkpoint's answers on one split: ``labels[i]`` and ``answers[i]`` of its i-th sample."""
+
+    split: str
+    labels: list[int]
+    answers: list[int]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(a == b for a, b in zip(self.labels, self.answers)) / len(self.labels)
+
+    @property
+    def standard_error(self) -> float:
+        """The binomial sqrt(p (1 - p) / n) of the accuracy on this split's n samples."""
+        return math.sqrt(self.accuracy * (1 - self.accuracy) / len(self.labels))
+
+    def correct(self) -> str:
+        """``"1"`` where the answer is the label, ``"0"`` where not, in the split's order (a record's ``test_correct``)."""
+        return "".join("1" if a == b else "0" for a, b in zip(self.labels, self.answers))
+
+
+def run_folder(folder: Path) -> tuple[RunRecord, DictConfig]:
+    """A classification run's record and its configuration (Hydra's ``.hydra/config.yaml``, unresolved)."""
+    if not (folder / RECORD).is_file():
+        raise CannotEvaluate(f"{folder} has no {RECORD}: give the output folder of a run of python -m lra.train")
+    try:
+        record = RunRecord.read(folder / RECORD)
+    except (OSError, ValueError, TypeError) as error:
+        raise CannotEvaluate(f"{folder / RECORD} cannot be read ({error}): it is damaged; run the cell again") from None
+    if record.stage == PRETRAINING:
+        raise CannotEvaluate(
+            f"{folder} is a pretraining run (masked prediction, no classes to answer): evaluate the run fine-tuned from it"
+        )
+    if not (folder / CONFIG).is_file():
+        raise CannotEvaluate(f"{folder} has no {CONFIG}, the configuration the run composed: it is not a run's whole folder")
+    config.register()  # the project's resolvers, which the saved configuration may name
+    return record, OmegaConf.load(folder / CONFIG)
+
+
+def checkpoint_path(folder: Path, record: RunRecord, choice: str) -> Path:
+    """``best``: the checkpoint the run tested (the latest step's ``best-step*.ckpt`` of a run not finished); ``last``: the one
+    it resumes from; else a path."""
+    if choice not in ("best", "last"):
+        return Path(choice)
+    if choice == "last":
+        return folder / CHECKPOINTS / "last.ckpt"
+    if record.best_checkpoint:  # written where the run ran: the file of that name in this folder
+        return folder / CHECKPOINTS / Path(record.best_checkpoint).name
+    bests = sorted((folder / CHECKPOINTS).glob("best-step*.ckpt"), key=lambda path: int(re.search(r"\d+", path.name)[0]))
+    if not bests:
+        raise CannotEvaluate(f"{folder / CHECKPOINTS} holds no best-step*.ckpt: the run has not evaluated yet")
+    return bests[-1]
+
+
+def load_model(path: Path, record: RunRecord) -> tuple[LRAClassificationModule, int]:
+    """The classifier saved in the checkpoint ``path`` of ``record``'s run, and the step it was saved at."""
+    if not path.is_file():
+        raise CannotEvaluate(f"{path} does not exist: name a checkpoint of the run (best, last or a path)")
+    fix = "name a checkpoint this run wrote"
+    contents = checkpoints.read_own(path, record.config_hash, record.seed, fix)
+    module = LRAClassificationModule(**contents["hyper_parameters"])
+    module.load_state_dict(contents["state_dict"])
+    return module.eval(), int(contents["global_step"])
+
+
+def data_of(cfg: DictConfig, split: str, batch_size: int) -> LRADataModule:
+    """The run's task data (generated or prepared here where missing, as training would), ready to read ``split``."""
+    data = OmegaConf.to_container(cfg.task.data, resolve=True)
+    datamodule = LRADataModule(cfg.task.name, cfg.task.seq_len, data, batch_size)
+    datamodule.prepare_data()
+    datamodule.setup()
+    return datamodule
+
+
+@torch.no_grad()
+def evaluate(module: LRAClassificationModule, datamodule: LRADataModule, split: str, device: torch.device) -> Evaluation:
+    """``module``'s answers on all of ``split``, in its order."""
+    module.to(device)
+    labels, answers = [], []
+    for batch in datamodule.in_order(split):
+        batch = {key: value.to(device) for key, value in batch.items()}
+        _, logits, targets = module.evaluation_outputs(batch)  # (b, classes), (b,)
+        labels += targets.tolist()
+        answers += logits.argmax(-1).tolist()
+    return Evaluation(split, labels, answers)
+
+
+def counts(values: list[int]) -> str:
+    """``class: count (share)``, the most common first."""
+    return "  ".join(f"{value}: {n} ({100 * n / len(values):.2f}%)" for value, n in collections.Counter(values).most_common())
+
+
+def report(evaluation: Evaluation, record: RunRecord, checkpoint: Path, step: int, device: torch.device) -> str:
+    lines = [
+        f"{record.task} / {record.row or record.attention} / seed {record.seed}: {checkpoint.name} (step {step}) on the "
+        f"{evaluation.split} split, {len(evaluation.labels)} samples, float32 on {device.type}",
+        f"accuracy {100 * evaluation.accuracy:.2f}% ± {100 * evaluation.standard_error:.2f} (binomial standard error)",
+    ]
+    tested_here = evaluation.split == "test" and record.test_acc is not None and record.best_checkpoint
+    if tested_here and Path(record.best_checkpoint).name == checkpoint.name:
+        lines[-1] += f"; the run tested it at {100 * record.test_acc:.2f}%"
+        if record.precision not in (None, FLOAT32):
+            lines[-1] += f" in {record.precision}, which may change a few answers"
+    labels = collections.Counter(evaluation.labels)
+    majority, n = labels.most_common(1)[0]
+    lines += [
+        f"its answers: {counts(evaluation.answers)}",
+        f"the labels:  {counts(evaluation.labels)}",
+        f"always answering the most common label ({majority}) scores {100 * n / len(evaluation.labels):.2f}%",
+    ]
+    return "\n".join(lines)
+
+
+def write_answers(evaluation: Evaluation, path: Path) -> None:
+    """One row per sample, in the split's order: its index, label, the model's answer, and whether they match."""
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["sample", "label", "answer", "correct"])
+        for index, (label, answer) in enumerate(zip(evaluation.labels, evaluation.answers)):
+            writer.writerow([index, label, answer, int(label == answer)])
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lra.evaluate", description="Test a run's checkpoint again, on any split, and count its answers."
+    )
+    parser.add_argument("run_folder", type=Path, help="a classification run's output folder (with results.json)")
+    parser.add_argument("--checkpoint", default="best", help="best (the one the run tested), last, or a checkpoint's path")
+    parser.add_argument("--split", choices=SPLITS, default="test", help="which split, read whole and in order (test)")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (32)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--answers", type=Path, help="write each sample's label and answer to this CSV file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.batch_size < 1:
+        raise SystemExit(f"error: --batch-size must be at least 1, not {args.batch_size}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {args.device}, but torch sees no CUDA GPU here: use --device cpu")
+    try:
+        record, cfg = run_folder(args.run_folder)
+        checkpoint = checkpoint_path(args.run_folder, record, args.checkpoint)
+        module, step = load_model(checkpoint, record)
+        device = torch.device(args.device)
+        evaluation = evaluate(module, data_of(cfg, args.split, args.batch_size), args.split, device)
+    except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+    print(report(evaluation, record, checkpoint, step, device))
+    if args.answers is not None:
+        write_answers(evaluation, args.answers)
+        print(f"each sample's label and answer: {args.answers}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""``python -m lra.evaluate``: a run's checkpoint tested again, its answers counted against the labels."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from tiny_listops import TINY
+
+from lra import checkpoints, config, evaluate
+from lra.data.tasks import load_task
+from lra.results import PRETRAINING
+
+
+@pytest.fixture
+def finished_run(tmp_path, run_train, monkeypatch):
+    """A finished tiny ListOps run's folder and record, with the data where the run found it."""
+    run_train()
+    (path,) = (tmp_path / "outputs").rglob("results.json")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    return path.parent, json.loads(path.read_text())
+
+
+def split_labels(split):
+    cfg = config.compose(list(TINY))
+    task_data = load_task("listops", cfg.task.seq_len, OmegaConf.to_container(cfg.task.data, resolve=True))
+    return task_data.splits[split].split.labels.tolist()
+
+
+def answers_file(path):
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def test_the_best_checkpoint_answers_the_test_set_as_the_run_recorded(finished_run, tmp_path, capsys):
+    """Its accuracy, and which test samples it answered correctly, are the run's own test's; the labels are the test
+    split's, in its order; the answer counts add up to the split."""
+    folder, record = finished_run
+    evaluate.main([str(folder), "--answers", str(tmp_path / "answers.csv")])
+    printed = capsys.readouterr().out
+    rows = answers_file(tmp_path / "answers.csv")
+    assert "".join(row["correct"] for row in rows) == record["test_correct"]
+    assert [int(row["label"]) for row in rows] == split_labels("test")
+    assert all(int(row["correct"]) == (row["label"] == row["answer"]) for row in rows)
+    accuracy = f"{100 * record['test_acc']:.2f}%"
+    assert f"accuracy {accuracy} ± " in printed and f"the run tested it at {accuracy}" in printed
+    answered = dict(part.split(": ") for part in printed.split("its answers: ")[1].splitlines()[0].split("  "))
+    assert sum(int(count.split()[0]) for count in answered.values()) == len(rows) == 24
+
+
+def test_any_split_and_the_last_checkpoint(finished_run, tmp_path, capsys):
+    """The validation split read whole and in order (training reads it shuffled, in part), from last.ckpt."""
+    folder, _ = finished_run
+    evaluate.main([str(folder), "--checkpoint", "last", "--split", "val", "--answers", str(tmp_path / "val.csv")])
+    printed = capsys.readouterr().out
+    assert "last.ckpt (step 6) on the val split, 32 samples" in printed
+    assert "the run tested it" not in printed, "the run's test accuracy is not this checkpoint's on this split"
+    labels = split_labels("val")
+    assert [int(row["label"]) for row in answers_file(tmp_path / "val.csv")] == labels
+    share = 100 * np.bincount(labels).max() / len(labels)
+    assert f"scores {share:.2f}%" in printed
+
+
+def test_a_changed_or_foreign_checkpoint_is_refused(finished_run, tmp_path, capsys):
+    folder, record = finished_run
+    best = folder / "checkpoints" / (record["best_checkpoint"].rsplit("/", 1)[-1])
+    foreign = checkpoints.read(best)
+    foreign["callbacks"][checkpoints.IDENTITY]["seed"] = 99  # another seed's run wrote it
+    checkpoints.write(tmp_path / "other.ckpt", foreign)
+    with pytest.raises(SystemExit, match=r"another configuration or seed .*seed 99"):
+        evaluate.main([str(folder), "--checkpoint", str(tmp_path / "other.ckpt")])
+
+    best.write_bytes(best.read_bytes() + b"\0")
+    with pytest.raises(SystemExit, match="is not the checkpoint that was written there"):
+        evaluate.main([str(folder)])
+
+
+def test_a_folder_that_is_not_a_run_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=r"has no results.json: give the output folder of a run of python -m lra.train"):
+        evaluate.main([str(tmp_path)])
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot be read .* it is damaged"):
+        evaluate.main([str(tmp_path)])
+    (tmp_path / "results.json").write_text(json.dumps({"record_version": 2, "task": "listops", "stage": PRETRAINING}))
+    with pytest.raises(SystemExit, match="is a pretraining run .* evaluate the run fine-tuned from it"):
+        evaluate.main([str(tmp_path)])
+
+
+def test_a_run_not_finished_is_evaluated_at_its_latest_best_checkpoint(finished_run, capsys):
+    """A record written before the test (a run under way or interrupted) names no best checkpoint: the latest
+    best-step*.ckpt in the folder is the one its test would take."""
+    folder, record = finished_run
+    unfinished = {key: value for key, value in record.items() if key not in ("best_checkpoint", "test_acc", "test_correct")}
+    (folder / "results.json").write_text(json.dumps({**unfinished, "status": "interrupted"}))
+    best = folder / "checkpoints" / record["best_checkpoint"].rsplit("/", 1)[-1]
+    evaluate.main([str(folder)])
+    printed = capsys.readouterr().out
+    assert f"{best.name} (step {record['best_val_step']}) on the test split" in printed
+    assert "the run tested it" not in printed
