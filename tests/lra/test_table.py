@@ -594,19 +594,34 @@ def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
         assert float(best_validation) == round(100 * paper_protocol_record(label)["best_val_acc"], 2), label
 
 
+def assert_cost_as_recorded(run: dict, hours: str, peak_memory: str, finished: str, commit: str) -> None:
+    assert float(hours) == round(run["wall_time_s"] / 3600, 2)
+    assert int(peak_memory) == round(run["peak_memory_mb"])
+    assert finished == run["finished_at"][:16].replace("T", " ")
+    assert run["git_commit"].startswith(commit)
+
+
 def test_the_results_readme_quotes_what_each_paper_protocol_cell_cost_as_recorded():
-    """``results/README.md``'s provenance of the paper-protocol cells quotes, for the same rows as the README's table,
-    each run's recorded run time, peak memory, end and commit."""
-    header = "| row | run time (h) | peak memory (MB) | finished (UTC) | commit |"
-    quoted = quoted_table((REPO / "results" / "README.md").read_text(), header)
+    """``results/README.md``'s provenance of the paper-protocol cells quotes, for the same rows as the README's table
+    (seed 0) and for every committed run of seeds 1 and 2, each run's recorded run time, peak memory, end and commit."""
+    results_readme = (REPO / "results" / "README.md").read_text()
+    quoted = quoted_table(results_readme, "| row | run time (h) | peak memory (MB) | finished (UTC) | commit |")
     readme_rows = [row[0] for row in quoted_table((REPO / "README.md").read_text(), README_PAPER_TABLE)]
     assert sorted(row[0] for row in quoted) == sorted(readme_rows), "the two tables quote different cells"
-    for label, hours, peak_memory, finished, commit in quoted:
-        run = paper_protocol_record(label)
-        assert float(hours) == round(run["wall_time_s"] / 3600, 2), label
-        assert int(peak_memory) == round(run["peak_memory_mb"]), label
-        assert finished == run["finished_at"][:16].replace("T", " "), label
-        assert run["git_commit"].startswith(commit), label
+    for label, *cost in quoted:
+        assert_cost_as_recorded(paper_protocol_record(label), *cost)
+
+    later = quoted_table(results_readme, "| row | seed | run time (h) | peak memory (MB) | finished (UTC) | commit |")
+    committed = {
+        (record["row"], record["seed"])
+        for record in map(json.loads, map(Path.read_text, (REPO / "results" / "runs").glob("listops__*__paper__seed*.json")))
+        if record["seed"] in (1, 2) and record["precision"] == "32-true"
+    }
+    assert sorted((preset_of(label), int(seed)) for label, seed, *_ in later) == sorted(committed), (
+        "results/README.md's table of seeds 1 and 2 quotes other runs than those committed"
+    )
+    for label, seed, *cost in later:
+        assert_cost_as_recorded(paper_protocol_record(label, int(seed)), *cost)
 
 
 @pytest.mark.slow
