@@ -4,7 +4,8 @@ A run's curve is its ``metrics.csv`` (Lightning's CSV logger: a row per logged s
 evaluation): in its run folder (``<folder>/metrics/metrics.csv`` beside ``results.json``) or, for a committed run,
 ``results/runs/curves/<its record's name>.csv`` (``lra.campaign pack`` carries it there). :func:`find_curves` finds
 them for the records the table reads; :func:`figure` draws the first section that has any, a panel per row and task,
-each seed's curve beside the paper's number, so that a row that misses the paper is shown with how it trained.
+each seed's curve (a shade of the row's colour per seed) beside the paper's number, so that a row that misses the paper
+is shown with how it trained.
 """
 
 from __future__ import annotations
@@ -43,19 +44,29 @@ def validation_curve(path: Path) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def panels(section: Section, curves: dict[str, Path]) -> list[tuple[str, str, list[Path]]]:
-    """The (row, task, curve files) of each of ``section``'s cells with a curve, in the table's order."""
+def panels(section: Section, curves: dict[str, Path]) -> list[tuple[str, str, list[tuple[int, Path]]]]:
+    """The (row, task, (seed, curve file) of each seed with one) of each of ``section``'s cells with a curve, in the
+    table's order."""
     found = []
     for (row, task), cell in section.in_order().iterrows():
-        files = [curves[digest] for digest in cell["config_hashes"] if digest in curves]
+        files = [(seed, curves[digest]) for seed, digest in zip(cell["seeds"], cell["config_hashes"]) if digest in curves]
         if files:
             found.append((row, task, files))
     return found
 
 
-def colour(row: str) -> str:
-    """A row's colour, as the table's figure has it: the YOSO rows orange, the others blue."""
-    return "tab:orange" if row.startswith("yoso") else "tab:blue"
+# Each seed's shade of a row's colour, darkest first; seeds past the last take the last.
+SEED_SHADES = (1.0, 0.62, 0.4)
+
+
+def colour(row: str, seed: int = 0) -> str:
+    """A row's colour, as the table's figure has it (the YOSO rows orange, the others blue), in ``seed``'s shade
+    (:data:`SEED_SHADES`: the row's colour mixed with white), so that a panel's seeds are told apart."""
+    import matplotlib.colors
+
+    base = matplotlib.colors.to_rgb("tab:orange" if row.startswith("yoso") else "tab:blue")
+    shade = SEED_SHADES[min(seed, len(SEED_SHADES) - 1)]
+    return matplotlib.colors.to_hex([shade * channel + (1 - shade) for channel in base])
 
 
 def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
@@ -76,9 +87,10 @@ def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
     size = (3.2 * columns, 2.4 * lines + 0.7)
     fig, axes = plt.subplots(lines, columns, figsize=size, squeeze=False, sharey=one_task, layout="constrained")
     for ax, (row, task, files) in zip(axes.flat, shown):
-        for file in files:
+        for seed, file in files:
             points = validation_curve(file)
-            ax.plot([step for step, _ in points], [accuracy for _, accuracy in points], linewidth=1, color=colour(row))
+            steps, accuracies = [step for step, _ in points], [accuracy for _, accuracy in points]
+            ax.plot(steps, accuracies, linewidth=1, color=colour(row, seed), label=f"seed {seed}")
         paper = section.published.number(row, task)
         if paper is not None and not math.isnan(paper):
             ax.axhline(paper, color="0.4", linestyle="--", linewidth=1)
@@ -95,7 +107,8 @@ def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
         ax.set_xlabel("step", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("validation accuracy (%)", fontsize=8)
-    seeds = "each seed a line; " if any(len(files) > 1 for _, _, files in shown) else ""
+    several_seeds = any(len(files) > 1 for _, _, files in shown)
+    seeds = "each seed a line, the later seeds lighter; " if several_seeds else ""
     fig.suptitle(
         textwrap.fill(
             f"{section.title}: learning curves ({seeds}dashed: the paper's number; dotted: ListOps split at {LISTOPS_SPLIT:g}%)",
@@ -103,6 +116,9 @@ def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
         ),
         fontsize=9,
     )
+    if several_seeds:  # the shades named once, on the panel with the most seeds
+        most_seeds, _ = max(zip(axes.flat, shown), key=lambda panel: len(panel[1][2]))
+        most_seeds.legend(fontsize=6)
     fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: same runs, same bytes
     plt.close(fig)
     return True

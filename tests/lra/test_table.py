@@ -19,6 +19,7 @@ import pytest
 from lra import paper, run_lock, table
 from lra.results import RunRecord, recomputed_config_hash
 from lra.table import speed
+from lra.table.curves import colour
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = Path(__file__).parent / "published"  # the published tables, copied as their sources print them
@@ -958,7 +959,7 @@ def curve_csv(path, points, test_acc):
 
 def test_the_learning_curves_of_the_strongest_section_are_drawn_from_the_runs_metrics(tmp_path):
     """Issue 68: a committed run's curve is results/runs/curves/<its name>.csv, a local run's its metrics.csv; the
-    table draws the first section with curves, a panel per row, each seed a line."""
+    table draws the first section with curves, a panel per row, each seed a line in its own shade of the row's colour."""
     results, outputs = tmp_path / "results", tmp_path / "outputs"
     committed = [paper_record("softmax", "listops", seed, 0.37) for seed in (0, 1)] + [paper_record("none", "listops", 0, 0.19)]
     (results / "runs").mkdir(parents=True)
@@ -976,19 +977,23 @@ def test_the_learning_curves_of_the_strongest_section_are_drawn_from_the_runs_me
     assert set(curves) == {run.config_hash for run in [*committed, local]}
     assert table.curves.validation_curve(curves[committed[0].config_hash]) == [(50, 17.0), (100, 30.0)]
     result = table.build([run for _, run in found])
-    assert [(row, task, len(files)) for row, task, files in table.curves.panels(result.sections[0], curves)] == [
-        ("none", "listops", 1),
-        ("softmax", "listops", 2),
+    assert [(row, task, [seed for seed, _ in files]) for row, task, files in table.curves.panels(result.sections[0], curves)] == [
+        ("none", "listops", [0]),
+        ("softmax", "listops", [0, 1]),
     ]
     plotted = []
     original = plt.Axes.plot
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plt.Axes, "plot", lambda ax, x, y, **kw: plotted.append((list(x), list(y))) or original(ax, x, y, **kw))
+        patch.setattr(
+            plt.Axes, "plot", lambda ax, x, y, **kw: plotted.append((list(x), list(y), kw["color"])) or original(ax, x, y, **kw)
+        )
         table.main(["--runs", str(outputs), "--results", str(results), "--out", str(outputs), "--paper", "table3"])
-        assert plotted == [([50], [20.0])], "the user's own section comes first"
+        assert plotted == [([50], [20.0], colour("softmax"))], "the user's own section comes first"
         plotted.clear()
         table.main(["--committed", "--results", str(results), "--paper", "table3"])
-    assert plotted == [([50, 100], [17.0, 30.0])] * 3, "the first section's three runs, each once"
+    assert [line[:2] for line in plotted] == [([50, 100], [17.0, 30.0])] * 3, "the first section's three runs, each once"
+    assert [line[2] for line in plotted] == [colour("none", 0), colour("softmax", 0), colour("softmax", 1)]
+    assert len({colour("softmax", seed) for seed in (0, 1, 2)} | {colour("yoso_32", seed) for seed in (0, 1, 2)}) == 6
     assert (outputs / "table3_curves.png").stat().st_size > 0 and (results / "table3_curves.png").stat().st_size > 0
     # Without any curve, no figure of them.
     (results / "runs" / "curves").rename(tmp_path / "elsewhere")
