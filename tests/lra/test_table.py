@@ -542,7 +542,7 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
 
 # The header of the README's table of the paper-protocol cells.
 README_PAPER_TABLE = "| row | test accuracy (%), seed 0 | seed 1 | seed 2 | the paper | best validation (%), seed 0 |"
-NOT_FINISHED = "—"  # the README's table: a seed not finished
+NOT_FINISHED = "—"  # the README's table: a seed with no run yet
 
 
 def quoted_table(text: str, header: str) -> list[list[str]]:
