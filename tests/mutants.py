@@ -6,7 +6,8 @@ run before anything runs, so a mutant cannot rot into testing nothing) and runs 
 kind's time limit, which is reported as such). Two kinds, which differ in how the mutated file reaches the
 tests (:data:`KINDS`):
 
-* ``python``: a module of ``attention_zoo``, ``lra`` or ``yoso_cuda``. The packages and the tests are copied
+* ``python``: a module of ``attention_zoo``, ``lra`` or ``yoso_cuda`` (or a file of :data:`COPIED` that tests read,
+  such as the README's quoted numbers). The packages and the tests are copied
   into a temporary folder once; each mutant replaces its module there, runs its fast tests (``-m "not
   slow"``) on YOSO's pure-PyTorch reference (``YOSO_KERNELS=0``, so that no copy rebuilds the compiled
   kernels) and puts the module back. The masks, YOSO's gradients, the encoder's pooling, stopping and
@@ -112,6 +113,7 @@ SIGNALS = ("tests/lra/test_signals.py",)
 TRAIN = ("tests/lra/test_train.py",)
 TABLE = ("tests/lra/test_table.py",)
 CARRIED = ("tests/lra/test_carried_state.py",)
+EVALUATE = ("tests/lra/test_evaluate.py",)
 
 
 def cuda_mutant(name: str, bug: str, original: str, mutated: str) -> Mutant:
@@ -628,6 +630,30 @@ MUTANTS = [
         "a record's per-sample test results are not checked against its test accuracy and test set",
         "if record.test_correct is not None and (problem := per_sample_problem(record)):",
         "if False:",
+        TABLE,
+    ),
+    Mutant(
+        "evaluated_split_shuffled",
+        "lra/datamodule.py",
+        "a split evaluated again is read shuffled, so its answers no longer line up with the samples",
+        "return self._loader(split, shuffle=False, drop_last=False)",
+        "return self._loader(split, shuffle=True, drop_last=False)",
+        EVALUATE,
+    ),
+    Mutant(
+        "readme_seed_1_mistyped",
+        "README.md",
+        "a later seed's test accuracy is typed into the README's table wrong (two digits swapped)",
+        "| YOSO-32 | 34.45 ± 1.06 | 33.85 ± 1.06 |",
+        "| YOSO-32 | 34.45 ± 1.06 | 33.58 ± 1.06 |",
+        TABLE,
+    ),
+    Mutant(
+        "curves_seeds_one_shade",
+        "lra/table/curves.py",
+        "every seed of a row is drawn in the same shade, so a panel's seeds cannot be told apart",
+        "    shade = SEED_SHADES[min(seed, len(SEED_SHADES) - 1)]",
+        "    shade = SEED_SHADES[0]",
         TABLE,
     ),
     Mutant(
