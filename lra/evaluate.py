@@ -11,8 +11,8 @@ the accuracy with its binomial standard error (beside the run's recorded test ac
 gives how often, and the labels' own counts, so that a model answering one class is seen as such. ``--answers``
 writes each sample's label and answer as CSV.
 
-It evaluates in float32, on the GPU where there is one. A run trained in bf16 tested in bf16, so a few of its answers
-may differ here; the output says so.
+It evaluates in the run's precision (float32, or the autocast of a mixed-precision run, as Lightning's precision plugin
+applies it), on the GPU where there is one: on the device the run tested on, its answers are the run's own.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from . import checkpoints, config
 from .datamodule import LRADataModule
@@ -107,6 +108,16 @@ def load_model(path: Path, record: RunRecord) -> tuple[LRAClassificationModule, 
     return module.eval(), int(contents["global_step"])
 
 
+def precision_of(record: RunRecord, device: torch.device) -> Precision:
+    """Lightning's precision plugin for the run's precision on ``device``: its forward context is the autocast the run
+    tested under."""
+    if record.precision in (None, FLOAT32):
+        return Precision()
+    if record.precision.endswith("-mixed"):
+        return MixedPrecision(record.precision, device.type)
+    raise CannotEvaluate(f"the run trained in {record.precision}: lra.evaluate tests float32 and mixed-precision runs")
+
+
 def data_of(cfg: DictConfig, split: str, batch_size: int) -> LRADataModule:
     """The run's task data (generated or prepared here where missing, as training would), ready to read ``split``."""
     data = OmegaConf.to_container(cfg.task.data, resolve=True)
@@ -117,13 +128,16 @@ def data_of(cfg: DictConfig, split: str, batch_size: int) -> LRADataModule:
 
 
 @torch.no_grad()
-def evaluate(module: LRAClassificationModule, datamodule: LRADataModule, split: str, device: torch.device) -> Evaluation:
-    """``module``'s answers on all of ``split``, in its order."""
+def evaluate(
+    module: LRAClassificationModule, datamodule: LRADataModule, split: str, device: torch.device, precision: Precision
+) -> Evaluation:
+    """``module``'s answers on all of ``split``, in its order, under ``precision``."""
     module.to(device)
     labels, answers = [], []
     for batch in datamodule.in_order(split):
         batch = {key: value.to(device) for key, value in batch.items()}
-        _, logits, targets = module.evaluation_outputs(batch)  # (b, classes), (b,)
+        with precision.forward_context():
+            _, logits, targets = module.evaluation_outputs(batch)  # (b, classes), (b,)
         labels += targets.tolist()
         answers += logits.argmax(-1).tolist()
     return Evaluation(split, labels, answers)
@@ -135,16 +149,15 @@ def counts(values: list[int]) -> str:
 
 
 def report(evaluation: Evaluation, record: RunRecord, checkpoint: Path, step: int, device: torch.device) -> str:
+    precision = "float32" if record.precision in (None, FLOAT32) else record.precision
     lines = [
         f"{record.task} / {record.row or record.attention} / seed {record.seed}: {checkpoint.name} (step {step}) on the "
-        f"{evaluation.split} split, {len(evaluation.labels)} samples, float32 on {device.type}",
+        f"{evaluation.split} split, {len(evaluation.labels)} samples, {precision} on {device.type}",
         f"accuracy {100 * evaluation.accuracy:.2f}% ± {100 * evaluation.standard_error:.2f} (binomial standard error)",
     ]
     tested_here = evaluation.split == "test" and record.test_acc is not None and record.best_checkpoint
     if tested_here and Path(record.best_checkpoint).name == checkpoint.name:
-        lines[-1] += f"; the run tested it at {100 * record.test_acc:.2f}%"
-        if record.precision not in (None, FLOAT32):
-            lines[-1] += f" in {record.precision}, which may change a few answers"
+        lines[-1] += f"; the run tested it at {100 * record.test_acc:.2f}% on {record.device}"
     labels = collections.Counter(evaluation.labels)
     majority, n = labels.most_common(1)[0]
     lines += [
@@ -188,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = checkpoint_path(args.run_folder, record, args.checkpoint)
         module, step = load_model(checkpoint, record)
         device = torch.device(args.device)
-        evaluation = evaluate(module, data_of(cfg, args.split, args.batch_size), args.split, device)
+        evaluation = evaluate(module, data_of(cfg, args.split, args.batch_size), args.split, device, precision_of(record, device))
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(report(evaluation, record, checkpoint, step, device))

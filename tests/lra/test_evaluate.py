@@ -5,12 +5,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 from tiny_listops import TINY
 
 from lra import checkpoints, config, evaluate
 from lra.data.tasks import load_task
-from lra.results import PRETRAINING
+from lra.results import PRETRAINING, RunRecord
 
 
 @pytest.fixture
@@ -99,3 +100,24 @@ def test_a_run_not_finished_is_evaluated_at_its_latest_best_checkpoint(finished_
     printed = capsys.readouterr().out
     assert f"{best.name} (step {record['best_val_step']}) on the test split" in printed
     assert "the run tested it" not in printed
+
+
+def test_a_mixed_precision_run_is_evaluated_under_its_autocast(tmp_path, run_train, monkeypatch, capsys):
+    """A bf16-mixed run's checkpoint is tested under the autocast its run tested under (Lightning's precision plugin),
+    so its answers are the run's own; a float32 run's under none."""
+    run_train("trainer.precision=bf16-mixed")
+    (path,) = (tmp_path / "outputs").rglob("results.json")
+    record = json.loads(path.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    evaluate.main([str(path.parent), "--answers", str(tmp_path / "answers.csv")])
+    assert "bf16-mixed on cpu" in capsys.readouterr().out
+    assert "".join(row["correct"] for row in answers_file(tmp_path / "answers.csv")) == record["test_correct"]
+
+    cpu = torch.device("cpu")
+    with evaluate.precision_of(RunRecord(precision="bf16-mixed"), cpu).forward_context():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with evaluate.precision_of(RunRecord(precision="32-true"), cpu).forward_context():
+        assert not torch.is_autocast_enabled("cpu")
+    with pytest.raises(evaluate.CannotEvaluate, match="trained in 64-true"):
+        evaluate.precision_of(RunRecord(precision="64-true"), cpu)
