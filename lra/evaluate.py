@@ -59,10 +59,6 @@ class Evaluation:
         """The binomial sqrt(p (1 - p) / n) of the accuracy on this split's n samples."""
         return math.sqrt(self.accuracy * (1 - self.accuracy) / len(self.labels))
 
-    def correct(self) -> str:
-        """``"1"`` where the answer is the label, ``"0"`` where not, in the split's order (a record's ``test_correct``)."""
-        return "".join("1" if a == b else "0" for a, b in zip(self.labels, self.answers))
-
 
 def run_folder(folder: Path) -> tuple[RunRecord, DictConfig]:
     """A classification run's record and its configuration (Hydra's ``.hydra/config.yaml``, unresolved)."""
