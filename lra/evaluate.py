@@ -101,7 +101,7 @@ def load_model(path: Path, record: RunRecord) -> tuple[LRAClassificationModule, 
     contents = checkpoints.read_own(path, record.config_hash, record.seed, fix)
     module = LRAClassificationModule(**contents["hyper_parameters"])
     module.load_state_dict(contents["state_dict"])
-    return module.eval(), int(contents["global_step"])
+    return module, int(contents["global_step"])
 
 
 def precision_of(record: RunRecord, device: torch.device) -> Precision:
@@ -127,8 +127,8 @@ def data_of(cfg: DictConfig, split: str, batch_size: int) -> LRADataModule:
 def evaluate(
     module: LRAClassificationModule, datamodule: LRADataModule, split: str, device: torch.device, precision: Precision
 ) -> Evaluation:
-    """``module``'s answers on all of ``split``, in its order, under ``precision``."""
-    module.to(device)
+    """``module``'s answers on all of ``split``, in its order, under ``precision``, in evaluation mode (no dropout)."""
+    module.to(device).eval()
     labels, answers = [], []
     for batch in datamodule.in_order(split):
         batch = {key: value.to(device) for key, value in batch.items()}

@@ -121,3 +121,18 @@ def test_a_mixed_precision_run_is_evaluated_under_its_autocast(tmp_path, run_tra
         assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(evaluate.CannotEvaluate, match="trained in 64-true"):
         evaluate.precision_of(RunRecord(precision="64-true"), cpu)
+
+
+def test_the_model_answers_in_evaluation_mode(finished_run):
+    """Dropout off: every layer of the network runs with ``training`` False, whatever mode the module was handed in."""
+    folder, _ = finished_run
+    record, cfg = evaluate.run_folder(folder)
+    module, _ = evaluate.load_model(evaluate.checkpoint_path(folder, record, "best"), record)
+    module.train()
+    modes = []
+    for layer in module.modules():
+        layer.register_forward_pre_hook(lambda layer, _: modes.append(layer.training))
+    cpu = torch.device("cpu")
+    evaluate.evaluate(module, evaluate.data_of(cfg, "test", 8), "test", cpu, evaluate.precision_of(record, cpu))
+    assert modes and not any(modes)
+    assert any(isinstance(layer, torch.nn.Dropout) and layer.p > 0 for layer in module.modules()), "a network with dropout"
