@@ -109,12 +109,6 @@ class LRADataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.task_data is None:
             self.task_data = load_task(self.task, self.seq_len, self.data)
-            too_small = {s: len(d) for s, d in self.task_data.splits.items() if s != "test" and len(d) < self.batch_size}
-            if too_small:
-                raise ValueError(
-                    f"split sizes {too_small} are smaller than batch_size={self.batch_size}; "
-                    "training and validation drop the last partial batch, so they would be empty"
-                )
 
     def _loader(self, split: str, shuffle: bool, drop_last: bool) -> DataLoader:
         assert self.task_data is not None, "call setup() first"
@@ -126,6 +120,11 @@ class LRADataModule(pl.LightningDataModule):
         # batch_size is one process's share; the test set is read by one process alone.
         trainer = self.trainer if split != "test" else None
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if drop_last and len(dataset) < self.batch_size * world_size:
+            raise ValueError(
+                f"the {split} split has {len(dataset)} samples, fewer than a batch ({self.batch_size * world_size}): "
+                f"{split} batches drop the last partial one, so there would be none; lower the batch size or give more data"
+            )
         order: Sampler[int] = SequentialSampler(dataset)
         if shuffle:
             order = self.orders[split] = SeededPasses(len(dataset), seed)

@@ -2,6 +2,7 @@
 
     python -m lra.evaluate outputs/listops/none/experiment=table3,seed=1
     python -m lra.evaluate RUN_FOLDER --checkpoint last --split val --answers answers.csv
+    python -m lra.evaluate RUN_FOLDER --data generator.seed=1 generator.num_train=1 generator.num_val=1
 
 ``RUN_FOLDER`` is a classification run's output folder (``lra.train``'s, with its ``results.json``, its Hydra
 configuration in ``.hydra/`` and its ``checkpoints/``). The checkpoint (by default the best-validation one the run
@@ -9,7 +10,8 @@ tested) is read as the run reads its own: its recorded digest checked and its ru
 (:mod:`lra.checkpoints`). Its predictions on the whole split, in the split's order, are counted against the labels:
 the accuracy with its binomial standard error (beside the run's recorded test accuracy), which answers the model
 gives how often, and the labels' own counts, so that a model answering one class is seen as such. ``--answers``
-writes each sample's label and answer as CSV.
+writes each sample's label and answer as CSV. ``--data KEY=VALUE ...`` changes the run's ``task.data`` (a generated
+split drawn anew: ``--data generator.seed=1``), to test the checkpoint on data the run never saw.
 
 It evaluates in the run's precision (float32, or the autocast of a mixed-precision run, as Lightning's precision plugin
 applies it), on the GPU where there is one: on the device the run tested on, its answers are the run's own.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from . import checkpoints, config
@@ -114,12 +117,38 @@ def precision_of(record: RunRecord, device: torch.device) -> Precision:
     raise CannotEvaluate(f"the run trained in {record.precision}: lra.evaluate tests float32 and mixed-precision runs")
 
 
-def data_of(cfg: DictConfig, split: str, batch_size: int) -> LRADataModule:
-    """The run's task data (generated or prepared here where missing, as training would), ready to read ``split``."""
-    data = OmegaConf.to_container(cfg.task.data, resolve=True)
-    datamodule = LRADataModule(cfg.task.name, cfg.task.seq_len, data, batch_size)
+def task_data(cfg: DictConfig, changes: list[str]) -> dict:
+    """The run's ``task.data``, with ``changes`` (``KEY=VALUE``, a key of it, e.g. ``generator.seed=1``) applied."""
+    data = cfg.task.data
+    if changes:
+        malformed = [change for change in changes if "=" not in change]
+        if malformed:
+            raise CannotEvaluate(f"--data {malformed[0]}: give KEY=VALUE, a key of the run's task.data (generator.seed=1)")
+        OmegaConf.set_struct(data, True)  # a key the run's data does not have is refused, not added
+        try:
+            data = OmegaConf.merge(data, OmegaConf.from_dotlist(changes))
+        except ConfigKeyError as error:
+            key = error.full_key.removeprefix("task.data.")
+            parent = key.rpartition(".")[0]
+            known = OmegaConf.select(cfg.task.data, parent) if parent else cfg.task.data
+            raise CannotEvaluate(
+                f"--data: the run's task.data has no {key} ({parent or 'its'} keys: {', '.join(known)})"
+            ) from None
+    return OmegaConf.to_container(data, resolve=True)
+
+
+def data_of(cfg: DictConfig, split: str, batch_size: int, changes: list[str]) -> LRADataModule:
+    """The run's task data, with ``changes``, ready to read ``split``: generated or prepared here where missing, as
+    training would."""
+    datamodule = LRADataModule(cfg.task.name, cfg.task.seq_len, task_data(cfg, changes), batch_size)
     datamodule.prepare_data()
     datamodule.setup()
+    source = datamodule.task_data.data_source
+    if source != "generated" and any(change.startswith("generator.") for change in changes):
+        raise CannotEvaluate(
+            f"--data {' '.join(changes)}: the data read is {source}'s, which the generator's settings do not change; "
+            "add source=generated to draw it from the generator"
+        )
     return datamodule
 
 
@@ -144,14 +173,27 @@ def counts(values: list[int]) -> str:
     return "  ".join(f"{value}: {n} ({100 * n / len(values):.2f}%)" for value, n in collections.Counter(values).most_common())
 
 
-def report(evaluation: Evaluation, record: RunRecord, checkpoint: Path, step: int, device: torch.device) -> str:
+def report(
+    evaluation: Evaluation,
+    record: RunRecord,
+    checkpoint: Path,
+    step: int,
+    device: torch.device,
+    data_source: str,
+    data_changes: list[str],
+) -> str:
     precision = "float32" if record.precision in (None, FLOAT32) else record.precision
+    data = f"the run's {data_source} data"
+    if data_changes:
+        data = f"{data_source} data, the run's changed by {' '.join(data_changes)}: not what the run trained and tested on"
     lines = [
         f"{record.task} / {record.row or record.attention} / seed {record.seed}: {checkpoint.name} (step {step}) on the "
         f"{evaluation.split} split, {len(evaluation.labels)} samples, {precision} on {device.type}",
+        f"data: {data}",
         f"accuracy {100 * evaluation.accuracy:.2f}% ± {100 * evaluation.standard_error:.2f} (binomial standard error)",
     ]
     tested_here = evaluation.split == "test" and record.test_acc is not None and record.best_checkpoint
+    tested_here = tested_here and not data_changes
     if tested_here and Path(record.best_checkpoint).name == checkpoint.name:
         lines[-1] += f"; the run tested it at {100 * record.test_acc:.2f}% on {record.device}"
     labels = collections.Counter(evaluation.labels)
@@ -183,6 +225,13 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
     parser.add_argument("--answers", type=Path, help="write each sample's label and answer to this CSV file")
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the run's task.data, e.g. a generated split drawn anew: generator.seed=1 (see docs/training.md)",
+    )
     return parser
 
 
@@ -197,10 +246,11 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = checkpoint_path(args.run_folder, record, args.checkpoint)
         module, step = load_model(checkpoint, record)
         device = torch.device(args.device)
-        evaluation = evaluate(module, data_of(cfg, args.split, args.batch_size), args.split, device, precision_of(record, device))
+        datamodule = data_of(cfg, args.split, args.batch_size, args.data)
+        evaluation = evaluate(module, datamodule, args.split, device, precision_of(record, device))
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
-    print(report(evaluation, record, checkpoint, step, device))
+    print(report(evaluation, record, checkpoint, step, device, datamodule.task_data.data_source, args.data))
     if args.answers is not None:
         write_answers(evaluation, args.answers)
         print(f"each sample's label and answer: {args.answers}")

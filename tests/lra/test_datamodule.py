@@ -83,3 +83,14 @@ def test_the_test_set_is_read_whole_and_in_order_by_each_process():
     for rank in range(2):
         batches = [batch.tolist() for batch in datamodule(batch_size=16, rank=rank, world_size=2).test_dataloader()]
         assert batches == [list(range(0, 16)), list(range(16, 32)), list(range(32, 40))]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_smaller_than_a_batch_is_refused_where_its_batches_drop_the_last_but_read_in_order(split):
+    """Training and validation drop the last partial batch: a split smaller than one (here the processes' global
+    batch of 2 x 24) would give none, and says so; read whole and in order (lra.evaluate's reading), it is all read."""
+    module = datamodule(batch_size=24, rank=0, world_size=2)
+    with pytest.raises(ValueError, match=rf"the {split} split has 40 samples, fewer than a batch \(48\)"):
+        module.train_dataloader() if split == "train" else module.val_dataloader()
+    alone = datamodule(batch_size=48)
+    assert [batch.tolist() for batch in alone.in_order(split)] == [list(range(40))]

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -24,8 +25,8 @@ def finished_run(tmp_path, run_train, monkeypatch):
     return path.parent, json.loads(path.read_text())
 
 
-def split_labels(split):
-    cfg = config.compose(list(TINY))
+def split_labels(split, *overrides):
+    cfg = config.compose([*TINY, *overrides])
     task_data = load_task("listops", cfg.task.seq_len, OmegaConf.to_container(cfg.task.data, resolve=True))
     return task_data.splits[split].split.labels.tolist()
 
@@ -133,6 +134,36 @@ def test_the_model_answers_in_evaluation_mode(finished_run):
     for layer in module.modules():
         layer.register_forward_pre_hook(lambda layer, _: modes.append(layer.training))
     cpu = torch.device("cpu")
-    evaluate.evaluate(module, evaluate.data_of(cfg, "test", 8), "test", cpu, evaluate.precision_of(record, cpu))
+    evaluate.evaluate(module, evaluate.data_of(cfg, "test", 8, []), "test", cpu, evaluate.precision_of(record, cpu))
     assert modes and not any(modes)
     assert any(isinstance(layer, torch.nn.Dropout) and layer.p > 0 for layer in module.modules()), "a network with dropout"
+
+
+def test_a_generated_split_drawn_anew(finished_run, tmp_path, capsys):
+    """``--data generator.seed=5``: the test split the generator draws with another seed, which the run never saw, its
+    labels in its order; the report says the data is not the run's and does not set the run's test beside it."""
+    folder, _ = finished_run
+    evaluate.main([str(folder), "--data", "generator.seed=5", "--answers", str(tmp_path / "fresh.csv")])
+    printed = capsys.readouterr().out
+    fresh = [int(row["label"]) for row in answers_file(tmp_path / "fresh.csv")]
+    assert fresh == split_labels("test", "task.data.generator.seed=5") != split_labels("test")
+    assert "the run's changed by generator.seed=5: not what the run trained and tested on" in printed
+    assert "the run tested it" not in printed
+    evaluate.main([str(folder)])
+    assert "data: the run's generated data" in capsys.readouterr().out
+
+
+def test_a_data_change_that_is_not_one_is_refused(finished_run, tmp_path):
+    """A key the run's task.data lacks, a change without a value, and the generator's settings where the data read is
+    the official files' (which they would not change) are refused, each in a message naming the fix."""
+    folder, _ = finished_run
+    with pytest.raises(
+        SystemExit, match=r"--data: the run's task.data has no generator.sed \(generator keys: num_train, num_val, "
+    ):
+        evaluate.main([str(folder), "--data", "generator.sed=5"])
+    with pytest.raises(SystemExit, match=r"--data generator.seed: give KEY=VALUE"):
+        evaluate.main([str(folder), "--data", "generator.seed"])
+    official = tmp_path / "official"
+    shutil.copytree(next((tmp_path / "data" / "generated").iterdir()), official)  # the release's file names and format
+    with pytest.raises(SystemExit, match=r"the data read is lra_release's, .* add source=generated"):
+        evaluate.main([str(folder), "--data", "source=official", f"source_dir={official}", "generator.seed=5"])
