@@ -11,7 +11,9 @@ tested) is read as the run reads its own: its recorded digest checked and its ru
 the accuracy with its binomial standard error (beside the run's recorded test accuracy), which answers the model
 gives how often, and the labels' own counts, so that a model answering one class is seen as such. ``--answers``
 writes each sample's label and answer as CSV. ``--data KEY=VALUE ...`` changes the run's ``task.data`` (a generated
-split drawn anew: ``--data generator.seed=1``), to test the checkpoint on data the run never saw.
+split drawn anew: ``--data generator.seed=1``), to test the checkpoint on data the run never saw. What the model
+draws as it answers (YOSO's hashes) comes from ``--seed`` (0), so an evaluation repeats; ``--summary FILE.csv``
+appends a row per evaluation, to gather a loop of them in one table.
 
 It evaluates in the run's precision (float32, or the autocast of a mixed-precision run, as Lightning's precision plugin
 applies it), on the GPU where there is one: on the device the run tested on, its answers are the run's own.
@@ -25,6 +27,7 @@ import csv
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -34,6 +37,7 @@ from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from . import checkpoints, config
 from .datamodule import LRADataModule
+from .devices import device_name
 from .module import LRAClassificationModule
 from .results import FLOAT32, PRETRAINING, RunRecord
 
@@ -215,6 +219,37 @@ def write_answers(evaluation: Evaluation, path: Path) -> None:
             writer.writerow([index, label, answer, int(label == answer)])
 
 
+SUMMARY_COLUMNS = (
+    "task", "row", "seed", "checkpoint", "step", "split", "data_changes", "samples", "accuracy", "standard_error",
+    "run_test_acc", "evaluation_seed", "device", "torch_version", "evaluated_at",
+)  # fmt: skip
+
+
+def append_summary(
+    path: Path,
+    evaluation: Evaluation,
+    record: RunRecord,
+    checkpoint: Path,
+    step: int,
+    data_changes: list[str],
+    seed: int,
+    device: torch.device,
+) -> None:
+    """One row for this evaluation at the end of ``path`` (its header first where the file is new): a loop of
+    evaluations, e.g. over test draws, in one table."""
+    new = not path.is_file() or path.stat().st_size == 0
+    with open(path, "a", newline="") as file:
+        writer = csv.writer(file)
+        if new:
+            writer.writerow(SUMMARY_COLUMNS)
+        writer.writerow([
+            record.task, record.row or record.attention, record.seed, checkpoint.name, step, evaluation.split,
+            " ".join(data_changes), len(evaluation.labels), f"{evaluation.accuracy:.6f}", f"{evaluation.standard_error:.6f}",
+            "" if record.test_acc is None else f"{record.test_acc:.6f}", seed, device_name(device), torch.__version__,
+            datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ])  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lra.evaluate", description="Test a run's checkpoint again, on any split, and count its answers."
@@ -225,6 +260,13 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per forward pass (32)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
     parser.add_argument("--answers", type=Path, help="write each sample's label and answer to this CSV file")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="torch's seed for what the model draws as it answers (YOSO's hashes), so an evaluation repeats (0)",
+    )
+    parser.add_argument("--summary", type=Path, help="append one row for this evaluation to this CSV file")
     parser.add_argument(
         "--data",
         nargs="+",
@@ -247,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         module, step = load_model(checkpoint, record)
         device = torch.device(args.device)
         datamodule = data_of(cfg, args.split, args.batch_size, args.data)
+        torch.manual_seed(args.seed)
         evaluation = evaluate(module, datamodule, args.split, device, precision_of(record, device))
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
@@ -254,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.answers is not None:
         write_answers(evaluation, args.answers)
         print(f"each sample's label and answer: {args.answers}")
+    if args.summary is not None:
+        append_summary(args.summary, evaluation, record, checkpoint, step, args.data, args.seed, device)
+        print(f"its row appended to {args.summary}")
 
 
 if __name__ == "__main__":

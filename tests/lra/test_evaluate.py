@@ -167,3 +167,33 @@ def test_a_data_change_that_is_not_one_is_refused(finished_run, tmp_path):
     shutil.copytree(next((tmp_path / "data" / "generated").iterdir()), official)  # the release's file names and format
     with pytest.raises(SystemExit, match=r"the data read is lra_release's, .* add source=generated"):
         evaluate.main([str(folder), "--data", "source=official", f"source_dir={official}", "generator.seed=5"])
+
+
+def test_a_sampling_attention_answers_alike_under_one_seed_and_each_evaluation_appends_its_row(
+    tmp_path, run_train, monkeypatch, capsys
+):
+    """YOSO-32 draws its hashes as it answers: under one --seed two evaluations give the same answers (the run's
+    test drew its own, so its accuracy is not repeated to the sample). --summary appends a row per evaluation, its
+    header once, its accuracy the answers'."""
+    run_train("attention=yoso_32")
+    (path,) = (tmp_path / "outputs").rglob("results.json")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_DATA_DIR", str(tmp_path / "data"))
+    summary = tmp_path / "summary.csv"
+    many = ["--data", "generator.num_test=400"]  # answers enough that hashes drawn anew would change some
+    for name, options in [("first", many), ("again", many), ("val", ["--split", "val", "--data", "generator.seed=5"])]:
+        evaluate.main(
+            [str(path.parent), "--seed", "3", "--answers", str(tmp_path / f"{name}.csv"), "--summary", str(summary), *options]
+        )
+    assert answers_file(tmp_path / "first.csv") == answers_file(tmp_path / "again.csv")
+    rows = answers_file(summary)
+    assert [(row["split"], row["data_changes"], row["evaluation_seed"], row["row"]) for row in rows] == [
+        ("test", "generator.num_test=400", "3", "yoso_32"),
+        ("test", "generator.num_test=400", "3", "yoso_32"),
+        ("val", "generator.seed=5", "3", "yoso_32"),
+    ]
+    for row, name in zip(rows, ["first", "again", "val"]):
+        answers = answers_file(tmp_path / f"{name}.csv")
+        assert float(row["accuracy"]) == pytest.approx(np.mean([int(a["correct"]) for a in answers]), abs=1e-6)
+        assert int(row["samples"]) == len(answers) and row["run_test_acc"] == f"{json.loads(path.read_text())['test_acc']:.6f}"
+    assert "its row appended to" in capsys.readouterr().out
