@@ -617,6 +617,33 @@ def test_the_results_readme_quotes_what_each_paper_protocol_cell_cost_as_recorde
         assert_cost_as_recorded(paper_protocol_record(label, int(seed)), *cost)
 
 
+def test_the_test_draws_quoted_are_the_committed_evaluations():
+    """``results/listops_test_draws.csv`` (``python -m lra.evaluate --summary``): its table in ``results/README.md`` and
+    the ranges the README and ``docs/protocols.md`` quote are its accuracies, and each evaluation is of the run whose
+    record is committed (its recorded test accuracy)."""
+    draws = pd.read_csv(REPO / "results" / "listops_test_draws.csv", dtype={"data_changes": str})
+    draws["draw"] = draws["split"].where(draws["data_changes"].isna(), draws["data_changes"].str.extract(r"seed=(\d)")[0])
+    table = draws.pivot(index="row", columns="draw", values="accuracy") * 100
+    fresh = table[[str(seed) for seed in range(1, 6)]]
+    results_readme = (REPO / "results" / "README.md").read_text()
+    quoted = quoted_table(results_readme, "| row | the runs' test split | validation split | draw 1 |")
+    assert len(quoted) == len(table) == 5
+    for label, *numbers, paper_number in quoted:
+        preset = preset_of(label)
+        expected = [table.loc[preset, "test"], table.loc[preset, "val"], *fresh.loc[preset], fresh.loc[preset].mean()]
+        assert [float(number) for number in numbers] == [round(value, 2) for value in expected], label
+        assert float(paper_number) == paper.TABLE3.number(preset, "listops")
+        run = paper_protocol_record(label, seed=1)
+        assert set(draws[draws["row"] == preset]["run_test_acc"]) == {round(run["test_acc"], 6)}, label
+    means = fresh.mean(axis=1)
+    for text in ((REPO / "README.md").read_text(), (REPO / "docs" / "protocols.md").read_text()):
+        text = " ".join(text.split())
+        assert f"{means.min():.1f}-{means.max():.1f}%" in text
+        assert f"{table['test'].min():.1f}-{table['test'].max():.1f}%" in text
+    draw_means = table.mean()
+    assert f"mean is {draw_means['test']:.2f}% on the runs' test split" in " ".join(results_readme.split())
+
+
 @pytest.mark.slow
 def test_table_from_real_runs(tmp_path, run_train):
     run_train("attention=softmax,none", flags=["-m"])
