@@ -36,6 +36,7 @@ from omegaconf.errors import ConfigKeyError
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from . import checkpoints, config
+from .data.tasks import resolve
 from .datamodule import LRADataModule
 from .devices import device_name
 from .module import LRAClassificationModule
@@ -141,18 +142,22 @@ def task_data(cfg: DictConfig, changes: list[str]) -> dict:
     return OmegaConf.to_container(data, resolve=True)
 
 
-def data_of(cfg: DictConfig, split: str, batch_size: int, changes: list[str]) -> LRADataModule:
-    """The run's task data, with ``changes``, ready to read ``split``: generated or prepared here where missing, as
-    training would."""
-    datamodule = LRADataModule(cfg.task.name, cfg.task.seq_len, task_data(cfg, changes), batch_size)
-    datamodule.prepare_data()
-    datamodule.setup()
-    source = datamodule.task_data.data_source
+def data_of(cfg: DictConfig, batch_size: int, changes: list[str]) -> LRADataModule:
+    """The run's task data, with ``changes``, ready to read: generated or prepared here where missing, as training
+    would."""
+    data = task_data(cfg, changes)
+    try:
+        source = resolve(cfg.task.name, data).data_source  # decided without reading or generating
+    except ValueError as error:  # a changed task.data.source the task does not have
+        raise CannotEvaluate(f"--data {' '.join(changes)}: {error}") from None
     if source != "generated" and any(change.startswith("generator.") for change in changes):
         raise CannotEvaluate(
             f"--data {' '.join(changes)}: the data read is {source}'s, which the generator's settings do not change; "
             "add source=generated to draw it from the generator"
         )
+    datamodule = LRADataModule(cfg.task.name, cfg.task.seq_len, data, batch_size)
+    datamodule.prepare_data()
+    datamodule.setup()
     return datamodule
 
 
@@ -288,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = checkpoint_path(args.run_folder, record, args.checkpoint)
         module, step = load_model(checkpoint, record)
         device = torch.device(args.device)
-        datamodule = data_of(cfg, args.split, args.batch_size, args.data)
+        datamodule = data_of(cfg, args.batch_size, args.data)
         torch.manual_seed(args.seed)
         evaluation = evaluate(module, datamodule, args.split, device, precision_of(record, device))
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:

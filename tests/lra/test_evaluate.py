@@ -134,7 +134,7 @@ def test_the_model_answers_in_evaluation_mode(finished_run):
     for layer in module.modules():
         layer.register_forward_pre_hook(lambda layer, _: modes.append(layer.training))
     cpu = torch.device("cpu")
-    evaluate.evaluate(module, evaluate.data_of(cfg, "test", 8, []), "test", cpu, evaluate.precision_of(record, cpu))
+    evaluate.evaluate(module, evaluate.data_of(cfg, 8, []), "test", cpu, evaluate.precision_of(record, cpu))
     assert modes and not any(modes)
     assert any(isinstance(layer, torch.nn.Dropout) and layer.p > 0 for layer in module.modules()), "a network with dropout"
 
@@ -163,6 +163,8 @@ def test_a_data_change_that_is_not_one_is_refused(finished_run, tmp_path):
         evaluate.main([str(folder), "--data", "generator.sed=5"])
     with pytest.raises(SystemExit, match=r"--data generator.seed: give KEY=VALUE"):
         evaluate.main([str(folder), "--data", "generator.seed"])
+    with pytest.raises(SystemExit, match=r"--data source=release: unknown task.data.source 'release' for listops"):
+        evaluate.main([str(folder), "--data", "source=release"])
     official = tmp_path / "official"
     shutil.copytree(next((tmp_path / "data" / "generated").iterdir()), official)  # the release's file names and format
     with pytest.raises(SystemExit, match=r"the data read is lra_release's, .* add source=generated"):
