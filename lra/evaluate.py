@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, flag_override
 from omegaconf.errors import ConfigKeyError
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
@@ -129,9 +129,9 @@ def task_data(cfg: DictConfig, changes: list[str]) -> dict:
         malformed = [change for change in changes if "=" not in change]
         if malformed:
             raise CannotEvaluate(f"--data {malformed[0]}: give KEY=VALUE, a key of the run's task.data (generator.seed=1)")
-        OmegaConf.set_struct(data, True)  # a key the run's data does not have is refused, not added
         try:
-            data = OmegaConf.merge(data, OmegaConf.from_dotlist(changes))
+            with flag_override(data, "struct", True):  # a key the run's data does not have is refused, not added
+                data = OmegaConf.merge(data, OmegaConf.from_dotlist(changes))
         except ConfigKeyError as error:
             key = error.full_key.removeprefix("task.data.")
             parent = key.rpartition(".")[0]
@@ -201,9 +201,14 @@ def report(
         f"data: {data}",
         f"accuracy {100 * evaluation.accuracy:.2f}% ± {100 * evaluation.standard_error:.2f} (binomial standard error)",
     ]
-    tested_here = evaluation.split == "test" and record.test_acc is not None and record.best_checkpoint
-    tested_here = tested_here and not data_changes
-    if tested_here and Path(record.best_checkpoint).name == checkpoint.name:
+    tested_by_the_run = (
+        evaluation.split == "test"
+        and not data_changes
+        and record.test_acc is not None
+        and record.best_checkpoint
+        and Path(record.best_checkpoint).name == checkpoint.name
+    )
+    if tested_by_the_run:
         lines[-1] += f"; the run tested it at {100 * record.test_acc:.2f}% on {record.device}"
     labels = collections.Counter(evaluation.labels)
     majority, n = labels.most_common(1)[0]

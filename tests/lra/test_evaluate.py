@@ -171,6 +171,17 @@ def test_a_data_change_that_is_not_one_is_refused(finished_run, tmp_path):
         evaluate.main([str(folder), "--data", "source=official", f"source_dir={official}", "generator.seed=5"])
 
 
+def test_a_data_change_leaves_the_run_config_as_it_was(finished_run):
+    """The changes make a new ``task.data``; the run's config, as read from its folder, keeps its values and still
+    takes new keys."""
+    _, cfg = evaluate.run_folder(finished_run[0])
+    before = OmegaConf.to_container(cfg.task, resolve=True)
+    changed = evaluate.task_data(cfg, ["generator.seed=5"])
+    assert changed["generator"]["seed"] == 5 != before["data"]["generator"]["seed"]
+    assert OmegaConf.to_container(cfg.task, resolve=True) == before
+    cfg.task.data.added_by_the_caller = 1  # struct mode was the merge's, not left on the caller's config
+
+
 def test_a_sampling_attention_answers_alike_under_one_seed_and_each_evaluation_appends_its_row(
     tmp_path, run_train, monkeypatch, capsys
 ):
