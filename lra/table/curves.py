@@ -5,7 +5,8 @@ evaluation): in its run folder (``<folder>/metrics/metrics.csv`` beside ``result
 ``results/runs/curves/<its record's name>.csv`` (``lra.campaign pack`` carries it there). :func:`find_curves` finds
 them for the records the table reads; :func:`figure` draws the first section that has any, a panel per row and task,
 each seed's curve (a shade of the row's colour per seed) beside the paper's number, so that a row that misses the paper
-is shown with how it trained.
+is shown with how it trained; :func:`summary` reads the same curves as numbers (``<name>_curves.csv``): when each run
+reached the ListOps split, its best evaluation, where it ended.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import csv
 import math
 import textwrap
 from pathlib import Path
+
+import pandas as pd
 
 from ..finished import curve_file
 from ..results import RunRecord
@@ -55,6 +58,49 @@ def panels(section: Section, curves: dict[str, Path]) -> list[tuple[str, str, li
     return found
 
 
+def drawn_section(table: Table, curves: dict[str, Path]) -> tuple[Section | None, list]:
+    """The first of ``table``'s sections with any curve (the strongest evidence first) and its :func:`panels`."""
+    return next(((section, found) for section in table.sections if (found := panels(section, curves))), (None, []))
+
+
+#: The evaluations whose mean is where a run ended (``val_last``): its last 500 steps under the paper's protocol.
+LAST_EVALUATIONS = 10
+
+
+def summary(table: Table, curves: dict[str, Path]) -> pd.DataFrame | None:
+    """A row per run of the section :func:`figure` draws: its test accuracy, how many evaluations its curve has and the
+    last one's step, its best validation accuracy and the step of the first evaluation that reached it, the mean of its
+    last :data:`LAST_EVALUATIONS` evaluations, and for ListOps the step of its first evaluation at or above the paper's
+    split (empty where none was). All in %. None where no section has curves."""
+    section, shown = drawn_section(table, curves)
+    if section is None:
+        return None
+    runs = []
+    for row, task, files in shown:
+        cell = section.cell(row, task)
+        test = dict(zip(cell["seeds"], cell["accuracies"]))
+        for seed, file in files:
+            steps, accuracies = zip(*validation_curve(file))
+            best = max(accuracies)
+            at_split = [step for step, accuracy in zip(steps, accuracies) if accuracy >= LISTOPS_SPLIT]
+            runs.append(
+                {
+                    "section": section.title,
+                    "row": row_label(row, section.published),
+                    "task": task,
+                    "seed": seed,
+                    "test_acc": test[seed],
+                    "evaluations": len(steps),
+                    "last_step": steps[-1],
+                    "best_val": best,
+                    "best_val_step": steps[accuracies.index(best)],
+                    "val_last": sum(accuracies[-LAST_EVALUATIONS:]) / len(accuracies[-LAST_EVALUATIONS:]),
+                    "first_step_at_split": at_split[0] if task == "listops" and at_split else None,
+                }
+            )
+    return pd.DataFrame(runs).astype({"first_step_at_split": "Int64"})
+
+
 # Each seed's shade of a row's colour, darkest first; seeds past the last take the last.
 SEED_SHADES = (1.0, 0.62, 0.4)
 
@@ -73,7 +119,7 @@ def figure(table: Table, curves: dict[str, Path], path: Path) -> bool:
     """Draw the learning curves of the first section with any (the strongest evidence first) into ``path``: a panel
     per row and task, each seed's validation accuracy against the step, the paper's number (dashed) and, for ListOps,
     the paper's split (dotted); its title our test accuracy beside the paper's. Whether there was anything to draw."""
-    section, shown = next(((s, p) for s in table.sections if (p := panels(s, curves))), (None, []))
+    section, shown = drawn_section(table, curves)
     if section is None:
         return False
     import matplotlib

@@ -510,7 +510,8 @@ def write_all(
     """Write ``<name>.{md,csv,tex,png}`` and ``<name>_agreement.csv`` (``name`` by default :func:`default_name`) into
     ``out_dir`` from ``records`` (only those of ``protocols`` if given), with the rows of :func:`build`, and where
     ``curves`` (:func:`lra.table.curves.find_curves`) has the learning curves of a section's runs,
-    ``<name>_curves.png`` (:func:`lra.table.curves.figure`), and where its runs recorded their speed and memory,
+    ``<name>_curves.png`` (:func:`lra.table.curves.figure`) and its numbers ``<name>_curves.csv``
+    (:func:`lra.table.curves.summary`), and where its runs recorded their speed and memory,
     ``<name>_speed.png``, the LRA paper's Figure 3 (:func:`lra.table.speed.figure`). Writing twice from the same
     records gives the same files."""
     if protocols:
@@ -534,10 +535,13 @@ def write_all(
     agreement_frame(table).to_csv(paths[2], index=False, float_format="%.4f")
     paths[3].write_text(latex(table))
     figure(table, paths[4])
-    if learning_curves.figure(table, curves or {}, out_dir / f"{name}_curves.png"):
-        paths.append(out_dir / f"{name}_curves.png")
+    curves_figure, curves_numbers = out_dir / f"{name}_curves.png", out_dir / f"{name}_curves.csv"
+    if learning_curves.figure(table, curves or {}, curves_figure):
+        learning_curves.summary(table, curves or {}).to_csv(curves_numbers, index=False, float_format="%.2f")
+        paths += [curves_figure, curves_numbers]
     else:  # an earlier table's, of runs with curves: not this one's
-        (out_dir / f"{name}_curves.png").unlink(missing_ok=True)
+        curves_figure.unlink(missing_ok=True)
+        curves_numbers.unlink(missing_ok=True)
     if speed_figure(table, out_dir / f"{name}_speed.png"):
         paths.append(out_dir / f"{name}_speed.png")
     else:

@@ -536,8 +536,11 @@ def test_the_committed_tables_are_what_lra_table_makes_of_the_committed_records(
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     names = ("comparison", "table3", "spt", "lra_table1")
-    for name in [f"{name}{suffix}" for name in names for suffix in (".md", ".csv", "_agreement.csv", ".tex")]:
-        assert (tmp_path / "results" / name).read_text() == (REPO / "results" / name).read_text(), name
+    for name in [f"{name}{suffix}" for name in names for suffix in (".md", ".csv", "_agreement.csv", ".tex", "_curves.csv")]:
+        made = tmp_path / "results" / name
+        assert made.exists() == (REPO / "results" / name).exists(), name
+        if made.exists():
+            assert made.read_text() == (REPO / "results" / name).read_text(), name
 
 
 # The header of the README's table of the paper-protocol cells.
@@ -1014,10 +1017,41 @@ def test_the_learning_curves_of_the_strongest_section_are_drawn_from_the_runs_me
     assert [line[2] for line in plotted] == [colour("none", 0), colour("softmax", 0), colour("softmax", 1)]
     assert len({colour("softmax", seed) for seed in (0, 1, 2)} | {colour("yoso_32", seed) for seed in (0, 1, 2)}) == 6
     assert (outputs / "table3_curves.png").stat().st_size > 0 and (results / "table3_curves.png").stat().st_size > 0
+    # The same curves as numbers: 17% then 30%, so at the split (28%) at step 100, and ended at their mean.
+    numbers = pd.read_csv(results / "table3_curves.csv")
+    assert numbers[["row", "seed", "test_acc", "evaluations", "last_step"]].values.tolist() == [
+        ["none", 0, 19.0, 2, 100],
+        ["softmax", 0, 37.0, 2, 100],
+        ["softmax", 1, 37.0, 2, 100],
+    ]
+    ends = numbers[["best_val", "best_val_step", "val_last", "first_step_at_split"]]
+    assert ends.values.tolist() == [[30.0, 100, 23.5, 100]] * 3
     # Without any curve, no figure of them.
     (results / "runs" / "curves").rename(tmp_path / "elsewhere")
     table.main(["--committed", "--results", str(results), "--paper", "table3"])
     assert not (results / "table3_curves.png").exists() and (results / "table3.png").exists()
+    assert not (results / "table3_curves.csv").exists()
+
+
+def test_the_curves_numbers_say_when_a_run_reached_the_split_and_where_it_ended(tmp_path):
+    """``<name>_curves.csv``: a run that stays under the split has no step at it; the best evaluation's step is the
+    first that reached it; the end is the mean of the last ten evaluations."""
+    results = tmp_path / "results"
+    (results / "runs").mkdir(parents=True)
+    late, never = paper_record("yoso_32", "listops", 0, 0.35), paper_record("none", "listops", 0, 0.17)
+    plateau = [(50 * i, 0.17) for i in range(1, 11)] + [(550, 0.36), (600, 0.36)] + [(650 + 50 * i, 0.35) for i in range(9)]
+    for run, points in ((late, plateau), (never, [(50, 0.16), (100, 0.19), (150, 0.18)])):
+        hashed(run)
+        name = table.run_file_name(run)
+        run.write(results / "runs" / name, committed=True)
+        curve_csv(results / "runs" / "curves" / name.replace(".json", ".csv"), points, run.test_acc)
+    table.main(["--committed", "--results", str(results), "--paper", "table3"])
+    numbers = pd.read_csv(results / "table3_curves.csv").set_index("row")
+    learned = numbers.loc["yoso-32", ["evaluations", "last_step", "best_val", "best_val_step", "first_step_at_split"]]
+    assert learned.tolist() == [21, 1050, 36.0, 550, 550]
+    assert numbers.loc["yoso-32", "val_last"] == pytest.approx((0.36 + 9 * 0.35) * 10)
+    assert numbers.loc["none", ["best_val", "best_val_step", "val_last"]].tolist() == pytest.approx([19.0, 100, 17.67], abs=0.005)
+    assert pd.isna(numbers.loc["none", "first_step_at_split"])
 
 
 def test_a_curve_of_a_resumed_run_counts_each_evaluation_once(tmp_path):
