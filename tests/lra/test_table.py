@@ -571,8 +571,9 @@ def paper_protocol_record(label: str, seed: int = 0) -> dict:
 
 def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
     """The README's table of the paper-protocol ListOps cells (the CPU, float32) is typed by hand when a cell
-    finishes: each seed it quotes has its committed run's test accuracy ± the binomial error of its test set, and each
-    row the paper's number and seed 0's best validation accuracy. A dash may stand for a run committed since: pausing
+    finishes: each seed it quotes has its committed run's test accuracy ± the binomial error of its test set and the
+    step its curve first reached the split (``table3_curves.csv``), and each row the paper's number and seed 0's best
+    validation accuracy. A dash may stand for a run committed since: pausing
     the campaign commits a cell that finished without touching the documents, and the next edit quotes it."""
     readme = (REPO / "README.md").read_text()
     header = README_PAPER_TABLE
@@ -585,13 +586,19 @@ def test_the_readme_quotes_the_committed_paper_protocol_cells_as_they_are():
         else f"{len(quoted)} of its {total} cells have finished"
     )
     assert finished in " ".join(readme.split()), f"the line above the table says '{finished}'"
-    for label, *accuracies, paper_number, best_validation, _curve in quoted:
-        for seed, accuracy in enumerate(accuracies):
+    curves = pd.read_csv(REPO / "results" / "table3_curves.csv").set_index(["row", "seed"])
+    for label, *accuracies, paper_number, best_validation, at_split in quoted:
+        steps = at_split.split(" / ")
+        assert len(steps) == len(accuracies), f"{label}: a step at the split for each seed, '{NOT_FINISHED}' for none"
+        for seed, (accuracy, step) in enumerate(zip(accuracies, steps)):
             if accuracy == NOT_FINISHED:
+                assert step == NOT_FINISHED, (label, seed)
                 continue
             run = paper_protocol_record(label, seed)
             p, n = run["test_acc"], run["num_samples"]["test"]
             assert accuracy == f"{100 * p:.2f} ± {100 * np.sqrt(p * (1 - p) / n):.2f}", (label, seed)
+            first = curves.loc[(paper.TABLE3.label(preset_of(label)), seed), "first_step_at_split"]
+            assert step == ("never" if pd.isna(first) else str(int(first))), (label, seed)
         assert float(paper_number) == paper.TABLE3.number(preset_of(label), "listops"), label
         assert float(best_validation) == round(100 * paper_protocol_record(label)["best_val_acc"], 2), label
 
