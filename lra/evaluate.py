@@ -15,6 +15,10 @@ split drawn anew: ``--data generator.seed=1``), to test the checkpoint on data t
 draws as it answers (YOSO's hashes) comes from ``--seed`` (0), so an evaluation repeats; ``--summary FILE.csv``
 appends a row per evaluation, to gather a loop of them in one table.
 
+On ListOps it also counts the answers by each sequence's outermost operator, beside what answering with that
+operator's most common label in the run's training split scores (:class:`lra.data.listops.OperatorRule`): a model at
+that rule's accuracy, answering 9 to every MAX and 0 to every MIN, has learned the outermost operator and nothing below.
+
 It evaluates in the run's precision (float32, or the autocast of a mixed-precision run, as Lightning's precision plugin
 applies it), on the GPU where there is one: on the device the run tested on, its answers are the run's own.
 """
@@ -36,6 +40,7 @@ from omegaconf.errors import ConfigKeyError
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from . import checkpoints, config
+from .data.listops import OPERATORS, VOCAB, OperatorRule, outermost_operators
 from .data.tasks import resolve
 from .datamodule import LRADataModule
 from .devices import device_name
@@ -177,6 +182,43 @@ def evaluate(
     return Evaluation(split, labels, answers)
 
 
+def input_ids(datamodule: LRADataModule, split: str):
+    """``split``'s token ids ``(n, length)``, memory-mapped, in the order :meth:`LRADataModule.in_order` reads them."""
+    return datamodule.task_data.splits[split].split.arrays["input_ids"]
+
+
+def operator_rule(cfg: DictConfig, datamodule: LRADataModule, data_changes: list[str]) -> OperatorRule:
+    """The outermost-operator rule of the run's own training split: the evaluated data's where the run's is unchanged,
+    else the run's data read (or generated) again, since a changed draw's training split is not what the model
+    learned from (and is often one sequence)."""
+    trained_on = data_of(cfg, datamodule.batch_size, []) if data_changes else datamodule
+    return OperatorRule.fit(input_ids(trained_on, "train"), trained_on.task_data.splits["train"].split.labels)
+
+
+def rule_accuracy(rule: OperatorRule, split_ids, labels: list[int]) -> float:
+    """The share of the split (``split_ids``: its token ids, in order) that ``rule`` answers right."""
+    return sum(answer == label for answer, label in zip(rule.predict(split_ids).tolist(), labels)) / len(labels)
+
+
+def by_outermost_operator(evaluation: Evaluation, split_ids, rule: OperatorRule) -> list[str]:
+    """The report's ListOps lines: the outermost-operator rule's accuracy on the evaluated split (``split_ids``: its
+    token ids, in order), and the model's answers to the sequences under each outermost operator."""
+    operators = outermost_operators(split_ids).tolist()
+    lines = [
+        f"answering the most common training label of the outermost operator ({rule.describe()}) scores "
+        f"{100 * rule_accuracy(rule, split_ids, evaluation.labels):.2f}%",
+        "its answers by the outermost operator:",
+    ]
+    for operator in sorted(OPERATORS):
+        under = [i for i, top in enumerate(operators) if top == VOCAB[operator]]
+        if under:
+            picked = [evaluation.answers[i] for i in under]
+            right = sum(evaluation.answers[i] == evaluation.labels[i] for i in under)
+            share = f"{100 * right / len(under):.2f}%"
+            lines.append(f"  {operator.removeprefix('['):<4}{len(under)} sequences, {share} right: {counts(picked)}")
+    return lines
+
+
 def counts(values: list[int]) -> str:
     """``class: count (share)``, the most common first."""
     return "  ".join(f"{value}: {n} ({100 * n / len(values):.2f}%)" for value, n in collections.Counter(values).most_common())
@@ -231,8 +273,20 @@ def write_answers(evaluation: Evaluation, path: Path) -> None:
 
 SUMMARY_COLUMNS = (
     "task", "row", "seed", "checkpoint", "step", "split", "data_changes", "samples", "accuracy", "standard_error",
-    "run_test_acc", "evaluation_seed", "device", "torch_version", "evaluated_at",
+    "operator_rule_accuracy", "run_test_acc", "evaluation_seed", "device", "torch_version", "evaluated_at",
 )  # fmt: skip
+
+
+def check_summary(path: Path) -> None:
+    """A ``--summary`` file that exists must have this version's columns, or its rows would not line up."""
+    if path.is_file() and path.stat().st_size:
+        with open(path, newline="") as file:
+            header = tuple(next(csv.reader(file), ()))
+        if header != SUMMARY_COLUMNS:
+            raise CannotEvaluate(
+                f"--summary {path}: its columns are {', '.join(header)}, not this version's "
+                f"({', '.join(SUMMARY_COLUMNS)}); give a new file"
+            )
 
 
 def append_summary(
@@ -244,9 +298,11 @@ def append_summary(
     data_changes: list[str],
     seed: int,
     device: torch.device,
+    operator_rule_accuracy: float | None,
 ) -> None:
     """One row for this evaluation at the end of ``path`` (its header first where the file is new): a loop of
-    evaluations, e.g. over test draws, in one table."""
+    evaluations, e.g. over test draws, in one table. ``operator_rule_accuracy``: the outermost-operator rule's on the
+    same split (ListOps; empty for the other tasks)."""
     new = not path.is_file() or path.stat().st_size == 0
     with open(path, "a", newline="") as file:
         writer = csv.writer(file)
@@ -255,6 +311,7 @@ def append_summary(
         writer.writerow([
             record.task, record.row or record.attention, record.seed, checkpoint.name, step, evaluation.split,
             " ".join(data_changes), len(evaluation.labels), f"{evaluation.accuracy:.6f}", f"{evaluation.standard_error:.6f}",
+            "" if operator_rule_accuracy is None else f"{operator_rule_accuracy:.6f}",
             "" if record.test_acc is None else f"{record.test_acc:.6f}", seed, device_name(device), torch.__version__,
             datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ])  # fmt: skip
@@ -294,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"error: --device {args.device}, but torch sees no CUDA GPU here: use --device cpu")
     try:
+        if args.summary is not None:
+            check_summary(args.summary)
         record, cfg = run_folder(args.run_folder)
         checkpoint = checkpoint_path(args.run_folder, record, args.checkpoint)
         module, step = load_model(checkpoint, record)
@@ -304,11 +363,19 @@ def main(argv: list[str] | None = None) -> None:
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(report(evaluation, record, checkpoint, step, device, datamodule.task_data.data_source, args.data))
+    rule_score = None
+    if record.task == "listops":
+        try:
+            rule, split_ids = operator_rule(cfg, datamodule, args.data), input_ids(datamodule, args.split)
+            rule_score = rule_accuracy(rule, split_ids, evaluation.labels)
+            print("\n".join(by_outermost_operator(evaluation, split_ids, rule)))
+        except ValueError as error:  # the run's training data unreadable, or sequences not starting with an operator
+            print(f"note: no outermost-operator rule: {error}")
     if args.answers is not None:
         write_answers(evaluation, args.answers)
         print(f"each sample's label and answer: {args.answers}")
     if args.summary is not None:
-        append_summary(args.summary, evaluation, record, checkpoint, step, args.data, args.seed, device)
+        append_summary(args.summary, evaluation, record, checkpoint, step, args.data, args.seed, device, rule_score)
         print(f"its row appended to {args.summary}")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import cache
+from . import cache, listops
 from .download import BASE_URL_ENV, DownloadError, download_tasks, human_bytes
 from .tasks import TASKS, prepare_task
 
@@ -128,6 +128,8 @@ def info(args: argparse.Namespace) -> None:
         for note, value in manifest.get("notes", {}).items():
             print(f"  {note}: {value}")
         print(f"  majority class: {majority} (the accuracy of always answering it)")
+        if manifest["task"] == "listops":
+            print(f"  outermost-operator rule: {operator_rule_scores(folder)}")
         if args.verify:
             print("  checksums: ok")
     if problems:
@@ -145,9 +147,19 @@ def majority_classes(folder: Path) -> str:
     return ", ".join(shares)
 
 
-def generate_listops(args: argparse.Namespace) -> None:
-    from . import listops
+def operator_rule_scores(folder: Path) -> str:
+    """What answering each ListOps sequence with its outermost operator's most common training label scores on each
+    split (:class:`lra.data.listops.OperatorRule`): ``MAX 9, MED 4, MIN 0, SM 7: train 36.20%, ...``."""
+    splits, _ = cache.load(folder)
+    train = splits["train"]
+    rule = listops.OperatorRule.fit(train.arrays["input_ids"], train.labels)
+    scores = (
+        f"{name} {100 * np.mean(rule.predict(split.arrays['input_ids']) == split.labels):.2f}%" for name, split in splits.items()
+    )
+    return f"{rule.describe()}: {', '.join(scores)}"
 
+
+def generate_listops(args: argparse.Namespace) -> None:
     config = listops.GeneratorConfig(
         num_train=args.num_train,
         num_val=args.num_val,

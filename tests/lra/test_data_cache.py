@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from tiny_listops import operator_rule_from_text, outermost_operators_and_labels
 
 from lra.data import cache, listops
 from lra.data.listops import VOCAB
@@ -175,6 +176,20 @@ def run_data_cli(*args, cwd, check=True):
     return process
 
 
+def outermost_operator_rule(folder):
+    """``lra.data info``'s outermost-operator line, from the TSVs' text: the rule, and each split's share it answers
+    right."""
+    answers, otherwise = operator_rule_from_text(folder)
+    rule = ", ".join(f"{name} {label}" for name, label in answers.items())
+    rule += "" if len(answers) == 4 else f", otherwise {otherwise}"
+    scores = []
+    for split in listops.SPLITS:
+        pairs = outermost_operators_and_labels(folder, split)
+        right = sum(answers.get(top, otherwise) == label for top, label in pairs)
+        scores.append(f"{split} {100 * right / len(pairs):.2f}%")
+    return f"{rule}: {', '.join(scores)}"
+
+
 def test_cli_generate_prepare_and_info(tmp_path):
     out = tmp_path / "listops-small"
     run_data_cli(
@@ -213,6 +228,7 @@ def test_cli_generate_prepare_and_info(tmp_path):
         top = max(sorted(set(labels)), key=labels.count)  # the smallest label among the most common, as np.unique's argmax
         shares.append(f"{split} {top} ({100 * labels.count(top) / len(labels):.2f}%)")
     assert f"  majority class: {', '.join(shares)} (the accuracy of always answering it)" in listing
+    assert f"  outermost-operator rule: {outermost_operator_rule(out)}" in listing
     (folder,) = (p for p in (tmp_path / "data" / "cache" / "listops").iterdir() if p.is_dir())  # beside it: its lock
     manifest = json.loads((folder / cache.MANIFEST).read_text())
     (folder / manifest["splits"]["val"]["files"]["input_ids"]["file"]).write_bytes(b"\x93NUMPY garbage")

@@ -1,5 +1,6 @@
 """``python -m lra.evaluate``: a run's checkpoint tested again, its answers counted against the labels."""
 
+import collections
 import csv
 import json
 import shutil
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_listops import TINY
+from tiny_listops import TINY, operator_rule_from_text, outermost_operators_and_labels
 
 from lra import checkpoints, config, evaluate
 from lra.data.tasks import load_task
@@ -169,6 +170,44 @@ def test_a_data_change_that_is_not_one_is_refused(finished_run, tmp_path):
     shutil.copytree(next((tmp_path / "data" / "generated").iterdir()), official)  # the release's file names and format
     with pytest.raises(SystemExit, match=r"the data read is lra_release's, .* add source=generated"):
         evaluate.main([str(folder), "--data", "source=official", f"source_dir={official}", "generator.seed=5"])
+
+
+def test_listops_answers_are_counted_by_the_outermost_operator_beside_its_rule(finished_run, tmp_path, capsys):
+    """On ListOps the report gives what answering each sequence with its outermost operator's most common training
+    label scores (also in the summary), and the model's answers under each operator, both as the files' text says; a
+    fresh draw is answered by the rule of the run's own training split, not the draw's."""
+    folder, _ = finished_run
+    evaluate.main([str(folder), "--answers", str(tmp_path / "a.csv"), "--summary", str(tmp_path / "s.csv")])
+    printed = capsys.readouterr().out
+    (data,) = (path for path in (tmp_path / "data" / "generated").iterdir() if path.is_dir())  # beside it: its lock
+    answers, otherwise = operator_rule_from_text(data)
+    test = outermost_operators_and_labels(data, "test")
+    rule = sum(answers.get(top, otherwise) == label for top, label in test) / len(test)
+    assert f"outermost operator ({', '.join(f'{top} {label}' for top, label in answers.items())}" in printed
+    assert f") scores {100 * rule:.2f}%\nits answers by the outermost operator:\n" in printed
+    model = [int(row["answer"]) for row in answers_file(tmp_path / "a.csv")]
+    for name in sorted({top for top, _ in test}):
+        under = [(answer, label) for answer, (top, label) in zip(model, test) if top == name]
+        right = 100 * sum(answer == label for answer, label in under) / len(under)
+        top_answer, n = collections.Counter(answer for answer, _ in under).most_common(1)[0]
+        assert f"  {name:<4}{len(under)} sequences, {right:.2f}% right: {top_answer}: {n} (" in printed, name
+    (row,) = answers_file(tmp_path / "s.csv")
+    assert float(row["operator_rule_accuracy"]) == pytest.approx(rule, abs=5e-7)
+
+    evaluate.main([str(folder), "--data", "generator.seed=5", "generator.num_train=1"])
+    (fresh,) = (path for path in (tmp_path / "data" / "generated").iterdir() if path.is_dir() and path != data)
+    drawn = outermost_operators_and_labels(fresh, "test")
+    rule = sum(answers.get(top, otherwise) == label for top, label in drawn) / len(drawn)
+    assert f") scores {100 * rule:.2f}%\n" in capsys.readouterr().out
+
+
+def test_a_summary_file_of_other_columns_is_refused_before_evaluating(finished_run, tmp_path):
+    folder, _ = finished_run
+    old = tmp_path / "old.csv"
+    old.write_text("task,row,seed,accuracy\nlistops,none,0,0.17\n")
+    with pytest.raises(SystemExit, match=r"--summary .*old.csv: its columns are task, row, seed, accuracy, not this"):
+        evaluate.main([str(folder), "--summary", str(old)])
+    assert old.read_text() == "task,row,seed,accuracy\nlistops,none,0,0.17\n"
 
 
 def test_a_data_change_leaves_the_run_config_as_it_was(finished_run):

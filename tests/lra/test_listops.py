@@ -222,3 +222,50 @@ def test_a_folder_generated_before_records_existed_is_generated_again(tmp_path, 
         listops.ensure_generated(tmp_path, SMALL)
     assert "records no sizes or checksums" in caplog.text
     assert len(listops.read_split(folder, "val", 120)[1]) == 40 and "files" in json.loads((folder / "generator.json").read_text())
+
+
+def token_ids(*sources: str) -> np.ndarray:
+    """The reader's token ids of ``sources``, padded to the longest."""
+    tokens = [[VOCAB[token] for token in listops.tokenize(source)] for source in sources]
+    ids = np.zeros((len(tokens), max(map(len, tokens))), dtype=np.uint8)
+    for row, sequence in zip(ids, tokens):
+        row[: len(sequence)] = sequence
+    return ids
+
+
+def test_the_outermost_operator_is_the_first_token_the_reader_gives(tmp_path, small_splits):
+    """Read back from the official files, each generated sequence's outermost operator is the first bracketed word of
+    its source text."""
+    listops.write_splits(tmp_path, small_splits)
+    for split in listops.SPLITS:
+        ids, _ = listops.read_split(tmp_path, split, SMALL.max_length)
+        first_words = [next(w for w in source.split() if w.startswith("[")) for source, _ in small_splits[split]]
+        assert listops.outermost_operators(ids).tolist() == [VOCAB[word] for word in first_words]
+    with pytest.raises(ValueError, match=r"sequence 1 starts with token id 14, not an operator"):
+        listops.outermost_operators(np.array([[VOCAB["[MAX"], VOCAB["9"]], [VOCAB["8"], 0]]))
+
+
+def test_the_operator_rule_answers_each_operators_most_common_training_label():
+    """MAX's training labels 9, 9, 8: it answers 9; MIN's 0, 1, 1: 1; MED's 4, 5: the smaller of the tie; SM, never
+    outermost in training: the most common training label overall (9 and 1 twice each: 1)."""
+    sources = ["[MAX 9 1 ]", "[MAX 9 2 ]", "[MAX 8 ]", "[MIN 0 ]", "[MIN 1 ]", "[MIN 1 3 ]", "[MED 4 ]", "[MED 5 ]"]
+    rule = listops.OperatorRule.fit(token_ids(*sources), np.array([9, 9, 8, 0, 1, 1, 4, 5]))
+    assert rule.answers == {"MAX": 9, "MIN": 1, "MED": 4} and rule.otherwise == 1
+    assert rule.describe() == "MAX 9, MED 4, MIN 1, otherwise 1"
+    assert rule.predict(token_ids("[SM 3 4 ]", "[MED [MAX 2 7 ] 3 ]", "[MIN 5 ]", "[MAX 0 ]")).tolist() == [1, 4, 1, 9]
+    complete = listops.OperatorRule.fit(token_ids("[MAX 9 ]", "[MIN 0 ]", "[MED 4 ]", "[SM 3 ]"), np.array([9, 0, 4, 3]))
+    assert complete.describe() == "MAX 9, MED 4, MIN 0, SM 3"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_operator_rule_scores_about_36_percent_of_the_official_distribution(seed):
+    """On trees of the official settings MAX's most common value is 9 and MIN's 0 (each about 57% of their trees), so
+    the rule fitted on one draw answers a second, independent draw at about 36%: twice the majority class's 17%."""
+    splits = listops.generate(GeneratorConfig(num_train=1200, num_val=1, num_test=800, seed=seed))
+    train, test = splits["train"], splits["test"]
+    rule = listops.OperatorRule.fit(token_ids(*(s for s, _ in train)), np.array([label for _, label in train]))
+    assert rule.answers["MAX"] == 9 and rule.answers["MIN"] == 0
+    answers = rule.predict(token_ids(*(s for s, _ in test)))
+    labels = np.array([label for _, label in test])
+    assert 0.31 < np.mean(answers == labels) < 0.41
+    assert np.mean(answers == labels) > np.mean(labels == np.bincount(labels).argmax()) + 0.1
