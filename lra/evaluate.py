@@ -10,8 +10,9 @@ tested) is read as the run reads its own: its recorded digest checked and its ru
 (:mod:`lra.checkpoints`). Its predictions on the whole split, in the split's order, are counted against the labels:
 the accuracy with its binomial standard error (beside the run's recorded test accuracy), which answers the model
 gives how often, and the labels' own counts, so that a model answering one class is seen as such. ``--answers``
-writes each sample's label and answer as CSV. ``--data KEY=VALUE ...`` changes the run's ``task.data`` (a generated
-split drawn anew: ``--data generator.seed=1``), to test the checkpoint on data the run never saw. What the model
+writes each sample's label and answer as CSV (on ListOps with its outermost operator). ``--data KEY=VALUE ...``
+changes the run's ``task.data`` (a generated split drawn anew: ``--data generator.seed=1``), to test the checkpoint on
+data the run never saw. What the model
 draws as it answers (YOSO's hashes) comes from ``--seed`` (0), so an evaluation repeats; ``--summary FILE.csv``
 appends a row per evaluation, to gather a loop of them in one table.
 
@@ -200,22 +201,25 @@ def rule_accuracy(rule: OperatorRule, split_ids, labels: list[int]) -> float:
     return sum(answer == label for answer, label in zip(rule.predict(split_ids).tolist(), labels)) / len(labels)
 
 
+#: An outermost operator's token id -> its name (MAX), as the report and the answers file write it.
+OPERATOR_NAMES = {VOCAB[operator]: operator.removeprefix("[") for operator in OPERATORS}
+
+
 def by_outermost_operator(evaluation: Evaluation, split_ids, rule: OperatorRule) -> list[str]:
     """The report's ListOps lines: the outermost-operator rule's accuracy on the evaluated split (``split_ids``: its
     token ids, in order), and the model's answers to the sequences under each outermost operator."""
-    operators = outermost_operators(split_ids).tolist()
+    operators = [OPERATOR_NAMES[top] for top in outermost_operators(split_ids).tolist()]
     lines = [
         f"answering the most common training label of the outermost operator ({rule.describe()}) scores "
         f"{100 * rule_accuracy(rule, split_ids, evaluation.labels):.2f}%",
         "its answers by the outermost operator:",
     ]
-    for operator in sorted(OPERATORS):
-        under = [i for i, top in enumerate(operators) if top == VOCAB[operator]]
-        if under:
-            picked = [evaluation.answers[i] for i in under]
-            right = sum(evaluation.answers[i] == evaluation.labels[i] for i in under)
-            share = f"{100 * right / len(under):.2f}%"
-            lines.append(f"  {operator.removeprefix('['):<4}{len(under)} sequences, {share} right: {counts(picked)}")
+    for operator in sorted(set(operators)):
+        under = [i for i, top in enumerate(operators) if top == operator]
+        picked = [evaluation.answers[i] for i in under]
+        right = sum(evaluation.answers[i] == evaluation.labels[i] for i in under)
+        share = f"{100 * right / len(under):.2f}%"
+        lines.append(f"  {operator:<4}{len(under)} sequences, {share} right: {counts(picked)}")
     return lines
 
 
@@ -262,13 +266,14 @@ def report(
     return "\n".join(lines)
 
 
-def write_answers(evaluation: Evaluation, path: Path) -> None:
-    """One row per sample, in the split's order: its index, label, the model's answer, and whether they match."""
+def write_answers(evaluation: Evaluation, path: Path, operators: list[str] | None = None) -> None:
+    """One row per sample, in the split's order: its index, label, the model's answer, whether they match and, on
+    ListOps (``operators``), its outermost operator."""
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(["sample", "label", "answer", "correct"])
+        writer.writerow(["sample", "label", "answer", "correct", *(["outermost_operator"] if operators else [])])
         for index, (label, answer) in enumerate(zip(evaluation.labels, evaluation.answers)):
-            writer.writerow([index, label, answer, int(label == answer)])
+            writer.writerow([index, label, answer, int(label == answer), *([operators[index]] if operators else [])])
 
 
 SUMMARY_COLUMNS = (
@@ -363,16 +368,17 @@ def main(argv: list[str] | None = None) -> None:
     except (CannotEvaluate, checkpoints.CheckpointRefused, FileNotFoundError) as error:
         raise SystemExit(f"error: {error}") from None
     print(report(evaluation, record, checkpoint, step, device, datamodule.task_data.data_source, args.data))
-    rule_score = None
+    rule_score, operators = None, None
     if record.task == "listops":
         try:
             rule, split_ids = operator_rule(cfg, datamodule, args.data), input_ids(datamodule, args.split)
             rule_score = rule_accuracy(rule, split_ids, evaluation.labels)
+            operators = [OPERATOR_NAMES[top] for top in outermost_operators(split_ids).tolist()]
             print("\n".join(by_outermost_operator(evaluation, split_ids, rule)))
         except ValueError as error:  # the run's training data unreadable, or sequences not starting with an operator
             print(f"note: no outermost-operator rule: {error}")
     if args.answers is not None:
-        write_answers(evaluation, args.answers)
+        write_answers(evaluation, args.answers, operators)
         print(f"each sample's label and answer: {args.answers}")
     if args.summary is not None:
         append_summary(args.summary, evaluation, record, checkpoint, step, args.data, args.seed, device, rule_score)

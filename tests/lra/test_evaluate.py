@@ -185,7 +185,9 @@ def test_listops_answers_are_counted_by_the_outermost_operator_beside_its_rule(f
     rule = sum(answers.get(top, otherwise) == label for top, label in test) / len(test)
     assert f"outermost operator ({', '.join(f'{top} {label}' for top, label in answers.items())}" in printed
     assert f") scores {100 * rule:.2f}%\nits answers by the outermost operator:\n" in printed
-    model = [int(row["answer"]) for row in answers_file(tmp_path / "a.csv")]
+    written = answers_file(tmp_path / "a.csv")
+    assert [row["outermost_operator"] for row in written] == [top for top, _ in test]
+    model = [int(row["answer"]) for row in written]
     for name in sorted({top for top, _ in test}):
         under = [(answer, label) for answer, (top, label) in zip(model, test) if top == name]
         right = 100 * sum(answer == label for answer, label in under) / len(under)
