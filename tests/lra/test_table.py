@@ -637,7 +637,13 @@ def test_the_test_draws_quoted_are_the_committed_evaluations():
     fresh = table[[str(seed) for seed in range(1, 6)]]
     results_readme = (REPO / "results" / "README.md").read_text()
     quoted = quoted_table(results_readme, "| row | the runs' test split | validation split | draw 1 |")
-    assert len(quoted) == len(table) == 5
+    *quoted, (rule_label, *rule_numbers, no_paper) = quoted
+    assert len(quoted) == len(table) == 5 and rule_label == "the outermost-operator rule" and no_paper == "–"
+    rule = draws.pivot(index="row", columns="draw", values="operator_rule_accuracy") * 100
+    assert (rule.nunique() == 1).all(), "one rule per split, whichever checkpoint was evaluated"
+    rule_fresh = rule.iloc[0][[str(seed) for seed in range(1, 6)]]
+    expected_rule = [rule.iloc[0]["test"], rule.iloc[0]["val"], *rule_fresh, rule_fresh.mean()]
+    assert [float(number) for number in rule_numbers] == [round(value, 2) for value in expected_rule]
     for label, *numbers, paper_number in quoted:
         preset = preset_of(label)
         expected = [table.loc[preset, "test"], table.loc[preset, "val"], *fresh.loc[preset], fresh.loc[preset].mean()]
@@ -652,6 +658,40 @@ def test_the_test_draws_quoted_are_the_committed_evaluations():
         assert f"{table['test'].min():.1f}-{table['test'].max():.1f}%" in text
     draw_means = table.mean()
     assert f"mean is {draw_means['test']:.2f}% on the runs' test split" in " ".join(results_readme.split())
+    test_sets = ["test", *(str(seed) for seed in range(1, 6))]
+    above = draw_means[test_sets] - rule.iloc[0][test_sets]
+    for text in ((REPO / "README.md").read_text(), (REPO / "docs" / "protocols.md").read_text(), results_readme):
+        assert f"{above.min():.2f}-{above.max():.2f} points above" in " ".join(text.split())
+    for text in ((REPO / "README.md").read_text(), (REPO / "docs" / "protocols.md").read_text()):
+        text = " ".join(text.split())
+        on_the_test_split = f"{rule.iloc[0]['test']:.2f}%"
+        assert f"{on_the_test_split} on the runs' test split" in text or f"{on_the_test_split} of their test" in text
+        assert f"{rule_fresh.min():.2f}-{rule_fresh.max():.2f}%" in text and f"{rule_fresh.mean():.2f}% over the" in text
+
+
+def test_the_answers_by_outermost_operator_quoted_are_the_committed_answers():
+    """``results/listops_answers/`` (``python -m lra.evaluate --answers``): each file is a committed run's checkpoint
+    answering the runs' test split (its labels and outermost operators those of the five learning rows' other files),
+    and ``results/README.md``'s table of them is their shares."""
+    results_readme = (REPO / "results" / "README.md").read_text()
+    quoted = quoted_table(results_readme, "| checkpoint | test accuracy | MAX answered 9 | MIN answered 0 |")
+    files = sorted((REPO / "results" / "listops_answers").glob("*.csv"))
+    assert len(quoted) == len(files)
+    first = pd.read_csv(files[0])
+    for cell, *numbers in quoted:
+        label, seed = cell.split(", seed ")
+        answers = pd.read_csv(REPO / "results" / "listops_answers" / f"{preset_of(label)}__seed{seed}__test.csv")
+        assert answers[["label", "outermost_operator"]].equals(first[["label", "outermost_operator"]]), cell
+        assert (answers["correct"] == (answers["label"] == answers["answer"])).all(), cell
+        run = paper_protocol_record(label, int(seed))
+        assert abs(answers["correct"].mean() - run["test_acc"]) <= 0.0085 + 1e-9, cell  # YOSO's hashes, drawn anew
+        under = {operator: answers[answers["outermost_operator"] == operator] for operator in ("MAX", "MIN", "MED", "SM")}
+        expected = [100 * answers["correct"].mean()]
+        expected += [100 * (under[top]["answer"] == answer).mean() for top, answer in (("MAX", 9), ("MIN", 0), ("MED", 4))]
+        expected += [100 * under[operator]["correct"].mean() for operator in ("MAX", "MIN", "MED", "SM")]
+        assert [float(number) for number in numbers] == [round(value, 2) for value in expected], cell
+    counts = first["outermost_operator"].value_counts()
+    assert f"{counts['MAX']} MAX, {counts['MIN']} MIN, {counts['MED']} MED and {counts['SM']} SM sequences" in results_readme
 
 
 @pytest.mark.slow
