@@ -582,10 +582,11 @@ def outermost_operators(input_ids: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class OperatorRule:
     """Answer each sequence with the most common label of its outermost operator in a training split (ties: the smaller
-    label; an operator the training split never has outermost: its most common label overall). From the generator's
-    distribution MAX answers 9 and MIN 0 in about 57% of trees each, MED 4 in 21% and SM any digit in about 10%, so
-    the rule scores about 36% where always answering one label scores about 17%: what a model that has learned the
-    outermost operator and nothing below it scores."""
+    label; an operator the training split never has outermost: its most common label overall). In the paper-size
+    generated training split (seed 0, 96000 trees) MAX's value is 9 in 57.0% of its trees, MIN's 0 in 56.6%, MED's 4
+    in 21.4% and SM's each digit in about 10%, so the rule scores 36.20% of it where always answering one label scores
+    16.97% (``python -m lra.data info``): what a model that has learned the outermost operator and nothing below it
+    scores."""
 
     answers: dict[str, int]  # operator (MAX) -> label
     otherwise: int  # the training split's most common label
