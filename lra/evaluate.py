@@ -205,13 +205,11 @@ def rule_accuracy(rule: OperatorRule, split_ids, labels: list[int]) -> float:
 OPERATOR_NAMES = {VOCAB[operator]: operator.removeprefix("[") for operator in OPERATORS}
 
 
-def by_outermost_operator(evaluation: Evaluation, split_ids, rule: OperatorRule) -> list[str]:
-    """The report's ListOps lines: the outermost-operator rule's accuracy on the evaluated split (``split_ids``: its
-    token ids, in order), and the model's answers to the sequences under each outermost operator."""
-    operators = [OPERATOR_NAMES[top] for top in outermost_operators(split_ids).tolist()]
+def by_outermost_operator(evaluation: Evaluation, operators: list[str], rule: OperatorRule, rule_score: float) -> list[str]:
+    """The report's ListOps lines: the outermost-operator rule's accuracy on the evaluated split (``rule_score``), and
+    the model's answers to the sequences under each outermost operator (``operators``: each sequence's, in order)."""
     lines = [
-        f"answering the most common training label of the outermost operator ({rule.describe()}) scores "
-        f"{100 * rule_accuracy(rule, split_ids, evaluation.labels):.2f}%",
+        f"answering the most common training label of the outermost operator ({rule.describe()}) scores {100 * rule_score:.2f}%",
         "its answers by the outermost operator:",
     ]
     for operator in sorted(set(operators)):
@@ -374,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
             rule, split_ids = operator_rule(cfg, datamodule, args.data), input_ids(datamodule, args.split)
             rule_score = rule_accuracy(rule, split_ids, evaluation.labels)
             operators = [OPERATOR_NAMES[top] for top in outermost_operators(split_ids).tolist()]
-            print("\n".join(by_outermost_operator(evaluation, split_ids, rule)))
+            print("\n".join(by_outermost_operator(evaluation, operators, rule, rule_score)))
         except ValueError as error:  # the run's training data unreadable, or sequences not starting with an operator
             print(f"note: no outermost-operator rule: {error}")
     if args.answers is not None:
