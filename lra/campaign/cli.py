@@ -7,13 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from .control import pack, start, status, stop, unpack
+from .control import pack, resume, start, status, stop, unpack
 from .measure import measure
 from .mps import MPS_SETTINGS
 from .plan import DEADLINE_MARGIN_S, MEASURE_WINDOW_S, PART_SIZE_MIB, CampaignError, default_dir
 from .scheduler import run
 
-COMMANDS = {"start": start, "status": status, "stop": stop, "pack": pack, "unpack": unpack, "measure": measure}
+COMMANDS = {"start": start, "resume": resume, "status": status, "stop": stop, "pack": pack, "unpack": unpack, "measure": measure}
 
 
 def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -21,7 +21,8 @@ def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return sub
 
 
-def start_arguments(begin: argparse.ArgumentParser) -> None:
+def plan_arguments(begin: argparse.ArgumentParser) -> None:
+    """``start``'s: the plan, which ``resume`` takes from the campaign's latest."""
     begin.add_argument(
         "--parallel", default="1", help="cells at once (K), or auto: from the measured cells_per_hour_<device>.csv"
     )
@@ -47,6 +48,17 @@ def start_arguments(begin: argparse.ArgumentParser) -> None:
         help="run the campaign and its cells at niceness N (19: only on what other work leaves idle); default: the "
         "niceness start runs at (nice -n 19 python -m lra.campaign start ... is the same as --nice 19)",
     )
+    begin.add_argument(
+        "--replace",
+        action="store_true",
+        help="start this plan even where it leaves out unfinished cells of the campaign's earlier plan (a pack then "
+        "carries this plan's cells only)",
+    )
+    begin.add_argument("overrides", nargs="*", help="the sweep, as python -m lra.train -m takes it")
+
+
+def job_arguments(begin: argparse.ArgumentParser) -> None:
+    """``start``'s and ``resume``'s: this job's end, its pack, where the committed results are."""
     begin.add_argument("--results", type=Path, default=Path("results"), help="the committed results (runs/ is skipped)")
     begin.add_argument("--foreground", action="store_true", help="run in this process instead of in the background")
     begin.add_argument("--stop-after", type=float, default=None, metavar="S", help="after S seconds, interrupt the running cells")
@@ -68,14 +80,7 @@ def start_arguments(begin: argparse.ArgumentParser) -> None:
     begin.add_argument(
         "--part-size", type=float, default=PART_SIZE_MIB, metavar="MIB", help="with --pack: the largest file it writes"
     )
-    begin.add_argument(
-        "--replace",
-        action="store_true",
-        help="start this plan even where it leaves out unfinished cells of the campaign's earlier plan (a pack then "
-        "carries this plan's cells only)",
-    )
     begin.add_argument("--dry-run", action="store_true", help="list the cells and what would run, and exit")
-    begin.add_argument("overrides", nargs="*", help="the sweep, as python -m lra.train -m takes it")
 
 
 def carry_arguments(commands: argparse._SubParsersAction) -> None:
@@ -115,7 +120,12 @@ def parser() -> argparse.ArgumentParser:
     overview = sys.modules[__package__].__doc__  # the package's: what a campaign is, once
     main = argparse.ArgumentParser(prog="python -m lra.campaign", description=overview.split("\n\n")[0])
     commands = main.add_subparsers(dest="command", required=True)
-    start_arguments(with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background")))
+    begin = with_dir(commands.add_parser("start", help="run a sweep's cells K at a time, in the background"))
+    plan_arguments(begin)
+    job_arguments(begin)
+    job_arguments(
+        with_dir(commands.add_parser("resume", help="start the campaign's latest plan again (in its folder, or unpacked here)"))
+    )
     with_dir(commands.add_parser("run", help="what start runs in the background: the planned campaign, in this process"))
     look = with_dir(
         commands.add_parser("status", help="each cell: finished, committed, running (step, pace, time left), failed, pending")

@@ -1,6 +1,7 @@
-"""The campaign's commands: ``start`` (plan, then run detached or in the foreground), ``status``, ``stop``, ``pack``
-and ``unpack``. One campaign runs in a folder at a time: its process holds the folder's lock (:mod:`lra.run_lock`),
-and a ``start`` holds the folder's start lock from its plan's writing until the process it launched holds the folder.
+"""The campaign's commands: ``start`` (plan, then run detached or in the foreground), ``resume`` (``start`` with the
+campaign's latest plan), ``status``, ``stop``, ``pack`` and ``unpack``. One campaign runs in a folder at a time: its
+process holds the folder's lock (:mod:`lra.run_lock`), and a ``start`` holds the folder's start lock from its plan's
+writing until the process it launched holds the folder.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .machine import Share, cell_command, check_device, cores, device_slug, on_g
 from .mps import mps_decision, mps_problem
 from .plan import CELLS, LOG_FILE, START_LOCK_FILE, CampaignError, Plan, campaign_name, make_plan
 from .scheduler import run
-from .state import left_out, plan_states, status_text
+from .state import earlier_plans, left_out, plan_states, status_text
 from .throughput import FIRST_K, auto_parallel_with, curve_of, curve_path
 
 
@@ -233,6 +234,28 @@ def detach(campaign: Path) -> subprocess.Popen:
     while time.monotonic() < deadline and daemon.poll() is None and not run_lock.holder(campaign):
         time.sleep(0.2)
     return daemon
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``start`` with the campaign's latest plan (:func:`lra.campaign.state.earlier_plans`: the one in its folder, or
+    one ``unpack`` read back from its archive on this machine): its sweep, K, MPS setting and niceness, so a campaign
+    carried from machine to machine goes on without its command line being typed again. The job's own settings
+    (``--deadline``, ``--pack``, ...) are this command's."""
+    campaign = args.dir.absolute()
+    plans = earlier_plans(campaign)
+    if not plans:
+        raise CampaignError(
+            f"no campaign to resume in {campaign_name(campaign)}: no plan in the folder, and no archive unpacked here "
+            "names it; unpack the campaign's archive first (python -m lra.campaign unpack FILE), or start one with "
+            "python -m lra.campaign start OVERRIDES...",
+            1,
+        )
+    latest = max(plans, key=lambda plan: datetime.fromisoformat(plan.planned_at))
+    args.overrides = latest.overrides
+    args.parallel = "auto" if latest.parallel_auto else str(latest.parallel)
+    args.measure_window, args.mps, args.nice, args.replace = latest.measure_window_s, latest.mps_setting, latest.nice, False
+    print(f"Resuming the plan of {latest.planned_at} on {latest.host}")
+    return start(args)
 
 
 def status(args: argparse.Namespace) -> int:

@@ -116,6 +116,7 @@ def test_auto_with_nothing_measured_runs_two_cells_and_says_so(tmp_path, capsys,
         (["start", "--nice", "-1", "attention=softmax"], "--nice must be from 0 (the default priority) to 19", 2),
         (["status"], "no campaign in", 1),
         (["pack"], "no campaign in", 1),
+        (["resume"], "no campaign to resume in", 1),
     ],
 )
 def test_bad_input_is_one_message(argv, message, status, tmp_path, capsys, monkeypatch):
@@ -720,3 +721,45 @@ def test_a_plan_that_leaves_out_the_carried_unfinished_cells_is_refused_until_re
     assert status == 1 and expected in err and again in err
     assert campaign.main(["start", "--dry-run", "--dir", "other", "attention=none", "seed=0", *TINY]) == 0
     assert "refuses" not in capsys.readouterr().out, "another campaign's folder: not this plan's cells"
+
+
+def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machine(tmp_path, capsys, monkeypatch):
+    """A campaign carried from machine to machine goes on with its own sweep and settings, its command line not typed
+    again: ``resume`` takes the latest of the plan in its folder and the ones unpacked from its archive."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+
+    def planned(*argv: str) -> campaign.Plan:
+        plan, _ = campaign.control.new_plan(campaign.parser().parse_args(["start", "--dir", "c", *argv]))
+        (tmp_path / "c").mkdir(exist_ok=True)
+        plan.write(tmp_path / "c")
+        return plan
+
+    def resumed() -> str:
+        assert campaign.main(["resume", "--dry-run", "--dir", "c"]) == 0
+        return capsys.readouterr().out
+
+    first = planned("--nice", "19", "attention=none", "seed=0", *TINY)
+    said = resumed()
+    assert f"Resuming the plan of {first.planned_at}" in said and first.describe() in said, said
+    assert "refuses" not in said
+    checkpoint(Path(first.cells[0].folder) / "checkpoints" / "last.ckpt", 3)
+    second = planned("--nice", "19", "--parallel", "2", "attention=none", "seed=0,1", *TINY)
+    second.planned_at = "2999-01-01T00:00:00+00:00"  # later than the first, whatever the clock's resolution
+    second.write(tmp_path / "c")
+    said = resumed()
+    assert "Campaign attention=none seed=0,1 " in said and "2 cells, 2 at a time" in said and "at nice 19" in said, said
+    assert "refuses" not in said
+
+    # On the next machine, at another path, nothing in the campaign's folder yet: the carried plan.
+    assert campaign.main(["pack", "--dir", "c", "--out", str(tmp_path / "carry.tar.gz")]) == 0
+    elsewhere = tmp_path / "next"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(elsewhere / "outputs"))
+    assert campaign.main(["resume", "--dry-run", "--dir", "c"]) == 1
+    assert "no campaign to resume in c" in capsys.readouterr().err
+    assert campaign.main(["unpack", str(tmp_path / "carry.tar.gz")]) == 0
+    capsys.readouterr()
+    said = resumed()
+    assert "Campaign attention=none seed=0,1 " in said and "2 cells, 2 at a time" in said and "at nice 19" in said, said
