@@ -226,7 +226,11 @@ RULES = [
         why="trains for hours on a GPU: every cell composed and listed, what would run",
     ),
     Rule(r"^python -m lra\.campaign stop( |$)", why="no campaign runs here: says so"),
-    Rule(r"^python -m lra\.campaign unpack --missing-ok ", why="nothing is carried into the scratch folder: says so"),
+    Rule(
+        r"^python -m lra\.campaign resume ",
+        not_run="starts a campaign's latest plan, in its folder or unpacked here; tests/lra/test_campaign.py resumes one in "
+        "its folder and after unpack",
+    ),
     Rule(
         r"^python -m lra\.campaign pack ",
         not_run="packs a campaign's folder; tests/lra/test_campaign.py packs one and unpacks it in a fresh folder",
