@@ -242,6 +242,7 @@ def resume(args: argparse.Namespace) -> int:
     carried from machine to machine goes on without its command line being typed again. The job's own settings
     (``--deadline``, ``--pack``, ...) are this command's."""
     campaign = args.dir.absolute()
+    refuse_if_taken(campaign)  # before saying what it would resume
     plans = earlier_plans(campaign)
     if not plans:
         raise CampaignError(
