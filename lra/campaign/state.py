@@ -202,6 +202,8 @@ def status_text(campaign: Path, plan: Plan, packed: bool = False) -> str:
     holder = run_lock.holder(campaign)
     counts = {name: sum(s.status == name for s in states) for name in STATES}
     process = "running, " + holder if holder else "not running"
+    if not holder and not packed and not all(state.status in DONE for state in states):
+        process += f" (python -m lra.campaign resume --dir {campaign_name(campaign)} goes on with its cells)"
     if packed:
         process = f"packed at {results.now()} on {socket.gethostname()} (it was {process}); the archive carries no process"
     lines = [plan.describe(), f"Campaign process: {process}"]

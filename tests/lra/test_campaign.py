@@ -743,6 +743,9 @@ def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machi
     said = resumed()
     assert f"Resuming the plan of {first.planned_at}" in said and first.describe() in said, said
     assert "refuses" not in said
+    assert campaign.main(["status", "--dir", "c"]) == 0
+    said = capsys.readouterr().out
+    assert "Campaign process: not running (python -m lra.campaign resume --dir c goes on with its cells)" in said, said
     checkpoint(Path(first.cells[0].folder) / "checkpoints" / "last.ckpt", 3)
     second = planned("--nice", "19", "--parallel", "2", "attention=none", "seed=0,1", *TINY)
     second.planned_at = "2999-01-01T00:00:00+00:00"  # later than the first, whatever the clock's resolution
@@ -761,5 +764,7 @@ def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machi
     assert "no campaign to resume in c" in capsys.readouterr().err
     assert campaign.main(["unpack", str(tmp_path / "carry.tar.gz")]) == 0
     capsys.readouterr()
+    carried = (elsewhere / "outputs" / "unpacked" / "carry" / "status.txt").read_text()
+    assert "Campaign process: packed at " in carried and "resume" not in carried, "the carried status: no process to resume"
     said = resumed()
     assert "Campaign attention=none seed=0,1 " in said and "2 cells, 2 at a time" in said and "at nice 19" in said, said
