@@ -766,5 +766,7 @@ def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machi
     capsys.readouterr()
     carried = (elsewhere / "outputs" / "unpacked" / "carry" / "status.txt").read_text()
     assert "Campaign process: packed at " in carried and "resume" not in carried, "the carried status: no process to resume"
+    (elsewhere / "c").mkdir()
+    first.write(elsewhere / "c")  # an older plan this machine ran: the carried one is later
     said = resumed()
     assert "Campaign attention=none seed=0,1 " in said and "2 cells, 2 at a time" in said and "at nice 19" in said, said
