@@ -16,9 +16,9 @@ next machine in one small archive.
 ``python -m lra.train <cell's overrides>``, K at a time, on the machine's one GPU (or its CPU), detached (``setsid``)
 unless ``--foreground``. Each cell is an ordinary run: its folder is the one the sweep would give it, it holds its
 folder's lock, it is skipped where its configuration is finished (in its folder, elsewhere under the output folder, or
-committed under ``results/runs/``) and resumes from its ``last.ckpt`` where it was interrupted. A plan that leaves
-out an unfinished cell of the campaign's earlier plan, in its folder or carried to this machine, is refused unless
-``--replace``: a pack carries the running plan's cells only. ``resume`` starts the campaign's latest plan again (its
+committed under ``results/runs/``) and resumes from its ``last.ckpt`` where it was interrupted (such cells first,
+then the sweep's order). A plan that leaves out an unfinished cell of the campaign's earlier plan, in its folder or
+carried to this machine, is refused unless ``--replace``: a pack carries the running plan's cells only. ``resume`` starts the campaign's latest plan again (its
 sweep, K, MPS setting and niceness), in its folder or unpacked from its archive on a new machine. ``status`` lists the
 cells and estimates the time those left need (a running one at its pace, the others at their rows' finished runs'),
 ``stop`` interrupts them (each saves its state; a later ``start`` or ``resume`` resumes it), ``pack`` writes what the
@@ -60,7 +60,7 @@ from .plan import (
 )
 from .restore import CellRestore, checked_cell, restore_cell, settle_cell, unpack
 from .scheduler import Stopping, run, run_cells
-from .state import CellState, cell_states, finished_records, plan_states, progress, status_text
+from .state import CellState, cell_states, finished_records, plan_states, progress, run_order, status_text
 from .throughput import (
     BEST_SHARE,
     CURVE_FIELDS,
@@ -81,6 +81,6 @@ __all__ = [
     "cell_states", "check_device", "checked_cell", "chosen_parallel", "compose", "cores", "curve_of", "default_dir",
     "device_slug", "finished_records", "is_member", "lower_priority", "main", "make_plan", "measure", "mps_daemon",
     "mps_decision", "mps_problem", "mps_running", "on_gpu", "parser", "plan_states", "progress", "rate_at",
-    "record_throughput", "refuse_if_taken", "restore_cell", "run", "run_cells", "settle_cell", "start", "starting",
+    "record_throughput", "refuse_if_taken", "restore_cell", "run", "run_cells", "run_order", "settle_cell", "start", "starting",
     "status", "status_text", "stop", "sweep_cells", "unfinished_state", "unpack", "write_curve", "write_pack",
 ]  # fmt: skip

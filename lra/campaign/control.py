@@ -28,7 +28,7 @@ from .machine import Share, cell_command, check_device, cores, device_slug, on_g
 from .mps import mps_decision, mps_problem
 from .plan import CELLS, LOG_FILE, START_LOCK_FILE, CampaignError, Plan, campaign_name, make_plan
 from .scheduler import run
-from .state import earlier_plans, left_out, plan_states, status_text
+from .state import DONE, earlier_plans, left_out, plan_states, run_order, status_text
 from .throughput import FIRST_K, auto_parallel_with, curve_of, curve_path
 
 
@@ -177,7 +177,8 @@ def dry_run(campaign: Path, plan: Plan, trainer: Any, problem: str | None) -> in
     earlier plan's unfinished cells it leaves out) or this machine would."""
     print(plan.describe())
     share = Share(plan.parallel, plan.threads_per_cell, plan.workers_per_cell)
-    for state in plan_states(campaign, plan):
+    states = plan_states(campaign, plan)
+    for state in [state for state in states if state.status in DONE] + run_order(states):  # in the order start runs them
         print(f"  {state.status:<11} {state.cell.name}  {' '.join(cell_command(state.cell, share)[0][3:])}")
     if problem:
         print(f"note: start refuses this plan: {problem}")

@@ -24,7 +24,7 @@ from .carry import write_pack
 from .machine import Share, cell_command, lower_priority
 from .mps import mps_daemon
 from .plan import CELLS, CampaignError, Cell, Plan
-from .state import DONE, finished_records, plan_states, progress
+from .state import finished_records, plan_states, progress, run_order
 from .throughput import RAMP_READ_S, Ramp, observe_cells, record_throughput
 
 log = logging.getLogger("lra.campaign")
@@ -199,7 +199,7 @@ def run_cells(campaign: Path, plan: Plan) -> int:
     stopping = Stopping()
     log.info("%s; pid %d on %s", plan.describe(), os.getpid(), socket.gethostname())
     states = plan_states(campaign, plan)
-    todo = [state.cell for state in states if state.status not in DONE]
+    todo = [state.cell for state in run_order(states)]
     log.info("%d cells finished or committed, %d to run", len(states) - len(todo), len(todo))
     if todo and not prepared(plan):
         return 1

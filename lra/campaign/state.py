@@ -154,6 +154,13 @@ def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: di
     return CellState(cell, "pending", steps if step else "", step=step or 0)
 
 
+def run_order(states: list[CellState]) -> list[CellState]:
+    """The cells still to run, in the order a campaign launches them: those that trained before (stopped in an earlier
+    job, their state kept or carried) first, so that each finishes before a new cell starts and a job leaves as few
+    unfinished cells to the next as it can; the plan's order (whole seeds first) otherwise."""
+    return sorted((state for state in states if state.status not in DONE), key=lambda state: state.step == 0)
+
+
 def same_but_seed(cell: Cell) -> tuple[str, ...]:
     """A cell's overrides but its seed: what the cells of one row (one configuration, several seeds) share."""
     return tuple(override for override in cell.overrides if not override.startswith("seed="))

@@ -770,3 +770,37 @@ def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machi
     first.write(elsewhere / "c")  # an older plan this machine ran: the carried one is later
     said = resumed()
     assert "Campaign attention=none seed=0,1 " in said and "2 cells, 2 at a time" in said and "at nice 19" in said, said
+
+
+def test_a_cell_that_trained_before_runs_first_so_a_job_leaves_as_few_unfinished_cells_as_it_can(tmp_path, capsys, monkeypatch):
+    """A campaign started again with more seeds (or whose stopped cell is late in the sweep) finishes the cell it
+    carried before it starts new ones, whole seeds first otherwise: in the campaign's launches and in the dry run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
+    sweep = ["attention=softmax,none", "seed=0,1", *TINY]
+    plan, _ = campaign.control.new_plan(campaign.parser().parse_args(["start", "--dir", "c", *sweep]))
+    names = [cell.name for cell in plan.cells]
+    assert names == [f"listops / {row} / seed {seed}" for seed in (0, 1) for row in ("softmax", "none")]
+    checkpoint(Path(plan.cells[2].folder) / "checkpoints" / "last.ckpt", 3)  # seed 1's softmax, stopped at step 3
+    expected = [names[2], names[0], names[1], names[3]]
+
+    assert campaign.main(["start", "--dry-run", "--dir", "c", *sweep]) == 0
+    listed = re.findall(r"^  \w+ +(listops / \w+ / seed \d)  ", capsys.readouterr().out, re.MULTILINE)
+    assert listed == expected
+
+    # The campaign's own process, each cell a process that ends at once (the order is the scheduler's, not training's).
+    instant = (
+        "import sys; import lra.campaign.scheduler as s; s.prepared = lambda plan: True; "
+        "s.cell_command = lambda cell, share, mps=None: ([sys.executable, '-c', ''], {}); "
+        "from lra import campaign; sys.exit(campaign.main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", instant, "start", "--foreground", "--dir", "c", *sweep],
+        cwd=tmp_path,
+        env={**os.environ, "LRA_OUTPUT_DIR": str(tmp_path / "outputs")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    launched = re.findall(r"launched (listops / \w+ / seed \d) \(pid", done.stderr)
+    assert launched == expected, done.stderr[-3000:]
