@@ -18,12 +18,13 @@ unless ``--foreground``. Each cell is an ordinary run: its folder is the one the
 folder's lock, it is skipped where its configuration is finished (in its folder, elsewhere under the output folder, or
 committed under ``results/runs/``) and resumes from its ``last.ckpt`` where it was interrupted (such cells first,
 then the sweep's order). A plan that leaves out an unfinished cell of the campaign's earlier plan, in its folder or
-carried to this machine, is refused unless ``--replace``: a pack carries the running plan's cells only. ``resume`` starts the campaign's latest plan again (its
-sweep, K, MPS setting and niceness), in its folder or unpacked from its archive on a new machine. ``status`` lists the
-cells and estimates the time those left need (a running one at its pace, the others at their rows' finished runs'),
-``stop`` interrupts them (each saves its state; a later ``start`` or ``resume`` resumes it), ``pack`` writes what the
-next machine needs into one archive and ``unpack`` puts it in place there. ``measure`` times K concurrent copies of one
-cell for each K: the curve ``--parallel auto`` takes K from. docs/scale-out.md has the recipes.
+carried to this machine, is refused unless ``--replace``: a pack carries the running plan's cells only. ``resume``
+starts the campaign's latest plan again (its sweep, K, MPS setting and niceness), in its folder or unpacked from its
+archive on a new machine. ``status`` lists the cells and estimates the time those left need (a running one at its
+pace, the others at their rows' finished runs'), ``stop`` interrupts them (each saves its state; a later ``start`` or
+``resume`` resumes it), ``pack`` writes what the next machine needs into one archive and ``unpack`` puts it in place
+there. ``measure`` times K concurrent copies of one cell for each K: the curve ``--parallel auto`` takes K from.
+docs/scale-out.md has the recipes.
 
 The modules, from the bottom up:
 

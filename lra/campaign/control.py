@@ -177,7 +177,7 @@ def dry_run(campaign: Path, plan: Plan, trainer: Any, problem: str | None) -> in
     earlier plan's unfinished cells it leaves out) or this machine would."""
     print(plan.describe())
     share = Share(plan.parallel, plan.threads_per_cell, plan.workers_per_cell)
-    states = plan_states(campaign, plan)
+    states = plan_states(campaign, plan, started=False)  # as start leaves the folder
     for state in [state for state in states if state.status in DONE] + run_order(states):  # in the order start runs them
         print(f"  {state.status:<11} {state.cell.name}  {' '.join(cell_command(state.cell, share)[0][3:])}")
     if problem:

@@ -103,24 +103,29 @@ class CellState:
     pace: float | None = None  # a running cell's steps per second (:func:`pace`)
 
 
-def cell_states(campaign: Path, cells: list[Cell], output_dir: Path, runs_dir: Path) -> list[CellState]:
+def cell_states(campaign: Path, cells: list[Cell], output_dir: Path, runs_dir: Path, started: bool = True) -> list[CellState]:
     """Where each of the ``cells`` of the campaign in ``campaign`` stands, its finished runs looked for under
-    ``output_dir`` and among the records committed in ``runs_dir``."""
+    ``output_dir`` and among the records committed in ``runs_dir``. ``started``: whether the ``cells`` are the plan
+    started in the folder; those of a plan not started yet (what a dry run lists) own none of the folder's ``cells/``
+    files, which start deletes (its cell n is another plan's cell n)."""
     found, committed = finished_records(cells, Path(output_dir), Path(runs_dir))
     alive = run_lock.holder(campaign) is not None
-    return [cell_state(campaign, cell, found, committed, alive) for cell in cells]
+    launched = {cell.index for cell in cells if started and (campaign / CELLS / f"{cell.index}.log").is_file()}
+    return [cell_state(campaign, cell, found, committed, alive, cell.index in launched) for cell in cells]
 
 
-def plan_states(campaign: Path, plan: Plan) -> list[CellState]:
-    return cell_states(campaign, plan.cells, Path(plan.output_dir), Path(plan.runs_dir))
+def plan_states(campaign: Path, plan: Plan, started: bool = True) -> list[CellState]:
+    return cell_states(campaign, plan.cells, Path(plan.output_dir), Path(plan.runs_dir), started)
 
 
-def cell_state(campaign: Path, cell: Cell, found: dict[str, Path], committed: dict[str, Path], alive: bool) -> CellState:
+def cell_state(
+    campaign: Path, cell: Cell, found: dict[str, Path], committed: dict[str, Path], alive: bool, launched: bool
+) -> CellState:
     """Where ``cell`` stands: its finished run (``found``) or committed one, its folder's lock, its record, whether the
-    campaign launched it (``cells/<n>.log``), how it ended (``cells/<n>.exit``) and whether the campaign is ``alive``."""
+    campaign ``launched`` it (``cells/<n>.log``), how it ended (``cells/<n>.exit``) and whether the campaign is
+    ``alive``."""
     folder = Path(cell.folder)
     exit_file = campaign / CELLS / f"{cell.index}.exit"
-    launched = (campaign / CELLS / f"{cell.index}.log").is_file()
     step, val = progress(folder)
     holder = run_lock.holder(folder)
     if not holder and (saved := saved_step(folder)) is not None:  # stopped: where it resumes, not its latest row

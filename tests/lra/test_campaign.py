@@ -774,7 +774,8 @@ def test_resume_starts_the_latest_plan_again_in_its_folder_and_on_the_next_machi
 
 def test_a_cell_that_trained_before_runs_first_so_a_job_leaves_as_few_unfinished_cells_as_it_can(tmp_path, capsys, monkeypatch):
     """A campaign started again with more seeds (or whose stopped cell is late in the sweep) finishes the cell it
-    carried before it starts new ones, whole seeds first otherwise: in the campaign's launches and in the dry run."""
+    carried before it starts new ones, whole seeds first otherwise: in the campaign's launches and in the dry run, which
+    sees the folder as start leaves it (the earlier plan's cell files gone)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LRA_OUTPUT_DIR", str(tmp_path / "outputs"))
     sweep = ["attention=softmax,none", "seed=0,1", *TINY]
@@ -783,10 +784,18 @@ def test_a_cell_that_trained_before_runs_first_so_a_job_leaves_as_few_unfinished
     assert names == [f"listops / {row} / seed {seed}" for seed in (0, 1) for row in ("softmax", "none")]
     checkpoint(Path(plan.cells[2].folder) / "checkpoints" / "last.ckpt", 3)  # seed 1's softmax, stopped at step 3
     expected = [names[2], names[0], names[1], names[3]]
+    # The folder's earlier plan, whose cell 0 (another configuration) failed: its files are not the new cell 0's.
+    earlier, _ = campaign.control.new_plan(
+        campaign.parser().parse_args(["start", "--dir", "c", "attention=none", "seed=3", *TINY])
+    )
+    (tmp_path / "c" / campaign.CELLS).mkdir(parents=True)
+    earlier.write(tmp_path / "c")
+    (tmp_path / "c" / campaign.CELLS / "0.log").write_text("$ python -m lra.train ...\n")
+    (tmp_path / "c" / campaign.CELLS / "0.exit").write_text("1\n")
 
     assert campaign.main(["start", "--dry-run", "--dir", "c", *sweep]) == 0
-    listed = re.findall(r"^  \w+ +(listops / \w+ / seed \d)  ", capsys.readouterr().out, re.MULTILINE)
-    assert listed == expected
+    listed = re.findall(r"^  (\w+) +(listops / \w+ / seed \d)  ", capsys.readouterr().out, re.MULTILINE)
+    assert listed == [("pending", name) for name in expected]
 
     # The campaign's own process, each cell a process that ends at once (the order is the scheduler's, not training's).
     instant = (
